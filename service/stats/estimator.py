@@ -1,0 +1,195 @@
+"""The stratified estimator of precision, its variance and confidence intervals.
+
+Notation (Kumar & Raj, Sec. 3.2; Bennett & Carvalho 2010, Eq. 1): stratum
+``k`` has ``N_k`` predicted-positive items (weight ``W_k = N_k / N``), ``n_k``
+of them labelled, ``h_k`` of those truly positive.  All functions take numpy
+arrays whose last axis is the stratum axis, so the simulator evaluates
+thousands of runs in one call and the service one classifier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import norm
+
+INTERVALS: tuple[str, ...] = ("wilson", "normal")
+
+
+def z_value(confidence: float) -> float:
+    """Two-sided standard normal quantile for the given confidence level."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    return float(norm.ppf(0.5 + confidence / 2.0))
+
+
+def _as_counts(N, n, h) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    N = np.asarray(N, dtype=float)
+    n = np.asarray(n, dtype=float)
+    h = np.asarray(h, dtype=float)
+    if np.any(n < 0) or np.any(h < 0) or np.any(h > n):
+        raise ValueError("counts must satisfy 0 <= positives <= labels in every stratum")
+    if np.any(N < 0):
+        raise ValueError("stratum sizes must be >= 0")
+    return N, n, h
+
+
+def weights(N) -> np.ndarray:
+    """Stratum weights ``W_k = N_k / N`` (Kumar & Raj, Eq. 4)."""
+    N = np.asarray(N, dtype=float)
+    total = N.sum(axis=-1, keepdims=True)
+    if np.any(total <= 0):
+        raise ValueError("the population is empty: all stratum sizes are 0")
+    return N / total
+
+
+def stratified_estimate(N, n, h) -> np.ndarray:
+    """Unbiased stratified precision ``sum_k W_k h_k / n_k`` (Kumar & Raj, Eq. 4).
+
+    NaN where a non-empty stratum has no label yet: no unbiased estimate exists
+    then, and the caller must not report one.
+    """
+    N, n, h = _as_counts(N, n, h)
+    W = weights(N)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p_k = np.where(n > 0, h / np.where(n > 0, n, 1.0), np.nan)
+    missing = (n == 0) & (W > 0)
+    p_k = np.where(W > 0, p_k, 0.0)
+    est = np.sum(W * np.nan_to_num(p_k), axis=-1)
+    return np.where(missing.any(axis=-1), np.nan, est)
+
+
+def stratified_variance(N, n, h, fpc: bool = True, p_var=None) -> np.ndarray:
+    """Estimated variance of the stratified estimator (Kumar & Raj, Eq. 6).
+
+    ``v = sum_k W_k^2 (1 - n_k/N_k) s_k^2 / n_k`` with the unbiased
+    ``s_k^2 = n_k/(n_k-1) p_k (1-p_k)``; the factor ``(1 - n_k/N_k)`` is the
+    finite population correction, used when sampling without replacement
+    (Bennett & Carvalho 2010, Sec. 4).  ``p_var`` optionally replaces the
+    per-stratum proportion used inside ``s_k^2`` (see `wilson_interval`).
+    Infinite where a non-empty stratum has fewer than 2 labels.
+    """
+    N, n, h = _as_counts(N, n, h)
+    W = weights(N)
+    safe_n = np.maximum(n, 2.0)
+    p_k = h / np.maximum(n, 1.0) if p_var is None else np.asarray(p_var, dtype=float)
+    s2 = safe_n / (safe_n - 1.0) * p_k * (1.0 - p_k)
+    f = np.where(N > 0, n / np.maximum(N, 1.0), 1.0) if fpc else 0.0
+    term = W**2 * np.clip(1.0 - f, 0.0, 1.0) * s2 / safe_n
+    term = np.where(W > 0, term, 0.0)
+    too_few = (n < 2) & (W > 0) & ~((N <= n) & fpc)  # a fully labelled stratum is exact
+    return np.where(too_few.any(axis=-1), np.inf, term.sum(axis=-1))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its confidence interval (arrays over runs)."""
+
+    estimate: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    stderr: np.ndarray
+
+    @property
+    def halfwidth(self) -> np.ndarray:
+        return (self.upper - self.lower) / 2.0
+
+
+def normal_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Interval:
+    """The normal interval ``p +- z * se`` of Bennett & Carvalho (2010, Sec. 5),
+    with the paper's m-estimate smoothing of each stratum proportion
+    (`bennett_smoothed`) in both the estimate and the variance.
+
+    It under-covers at small n and near p = 1: a run whose first labels are all
+    positive gets a tiny variance and stops with estimate ~1.  Kept for
+    comparison; the service uses `wilson_interval`.
+    """
+    N, n, h = _as_counts(N, n, h)
+    W = weights(N)
+    p_k = bennett_smoothed(n, h)
+    est = np.sum(W * p_k, axis=-1)
+    f = n / np.maximum(N, 1.0) if fpc else 0.0
+    var = np.sum(W**2 * np.clip(1.0 - f, 0.0, 1.0) * p_k * (1 - p_k) / np.maximum(n, 1.0), axis=-1)
+    var = np.where(((n == 0) & (W > 0)).any(axis=-1), np.inf, var)
+    se = np.sqrt(var)
+    z = z_value(confidence)
+    return Interval(est, np.clip(est - z * se, 0, 1), np.clip(est + z * se, 0, 1), se)
+
+
+def bennett_smoothed(n, h) -> np.ndarray:
+    """m-estimate ``(h + m/2) / (n + m)`` with ``m = 2`` if ``n = 0`` else
+    ``1/sqrt(n)`` (Bennett & Carvalho 2010, Sec. 5, prior 0.5)."""
+    n = np.asarray(n, dtype=float)
+    h = np.asarray(h, dtype=float)
+    m = np.where(n > 0, 1.0 / np.sqrt(np.maximum(n, 1.0)), 2.0)
+    return (h + m / 2.0) / (n + m)
+
+
+def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Interval:
+    """Wilson score interval with the design-effect effective sample size.
+
+    For a stratified (complex-sample) proportion, Kott & Carr (1997) and
+    Dean & Pagano (2015, "Evaluating confidence interval methods for binomial
+    proportions in clustered surveys", J. Surv. Stat. Methodol. 3:484) replace
+    ``n`` in Wilson's (1927) score interval by the effective sample size
+    ``n_eff = p (1 - p) / v`` (Kish's design effect), which keeps Wilson's
+    good small-sample coverage near 0 and 1 while reducing to ``p +- z se``
+    when n is large.
+
+    Two guards make it honest at small n, where the normal interval is not:
+    * inside ``v`` a stratum's proportion is shrunk half a label toward 1/2,
+      ``(h_k + 1/2) / (n_k + 1)``, so a stratum whose few labels all agree does
+      not contribute zero variance (the same reason Wilson beats Wald);
+    * ``n_eff`` is never above what the labels can support: if every stratum
+      is pure, ``n_eff`` is the total label count (Korn & Graubard 1998).
+    Returns NaN bounds where a non-empty stratum has fewer than 2 labels.
+    """
+    N, n, h = _as_counts(N, n, h)
+    z = z_value(confidence)
+    est = stratified_estimate(N, n, h)
+    p_var = (h + 0.5) / (n + 1.0)
+    var = stratified_variance(N, n, h, fpc=fpc, p_var=p_var)
+    p = np.clip(est, 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n_eff = np.where(var > 0, np.maximum(p * (1 - p), 1e-300) / var, np.inf)
+    n_eff = np.minimum(n_eff, np.where(np.isfinite(var), np.inf, 0.0))
+    n_total = n.sum(axis=-1)
+    n_eff = np.where((p <= 0) | (p >= 1), n_total, n_eff)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z2n = z * z / n_eff
+        center = (p + z2n / 2.0) / (1.0 + z2n)
+        half = z / (1.0 + z2n) * np.sqrt(p * (1 - p) / n_eff + z2n / (4.0 * n_eff))
+    ok = np.isfinite(var) & np.isfinite(est) & (n_eff > 0)
+    lower = np.where(ok, np.clip(center - half, 0.0, 1.0), np.nan)
+    upper = np.where(ok, np.clip(center + half, 0.0, 1.0), np.nan)
+    return Interval(est, lower, upper, np.sqrt(var))
+
+
+def interval(N, n, h, confidence: float = 0.95, method: str = "wilson", fpc: bool = True) -> Interval:
+    """Dispatch to `wilson_interval` (default) or `normal_interval`."""
+    if method == "wilson":
+        return wilson_interval(N, n, h, confidence, fpc)
+    if method == "normal":
+        return normal_interval(N, n, h, confidence, fpc)
+    raise ValueError(f"interval must be one of {INTERVALS}, got {method!r}")
+
+
+def neyman_oracle_labels(N, p_true, delta: float, confidence: float = 0.95, fpc: bool = False) -> float:
+    """Labels the normal interval needs for half-width `delta` under Neyman
+    allocation with the true stratum precisions (Kumar & Raj, Eq. 10;
+    Bennett & Carvalho 2010, "%Oracle"): ``n = z^2 (sum W_k S_k)^2 / delta^2``,
+    or with the finite population correction
+    ``n = (sum W_k S_k)^2 / (delta^2/z^2 + sum W_k S_k^2 / N)``.
+    """
+    if delta <= 0:
+        raise ValueError(f"delta must be > 0, got {delta!r}")
+    W = weights(N)
+    N = np.asarray(N, dtype=float)
+    p = np.asarray(p_true, dtype=float)
+    S = np.sqrt(p * (1 - p))
+    z = z_value(confidence)
+    ws = float(np.sum(W * S))
+    if not fpc:
+        return z * z * ws * ws / (delta * delta)
+    return ws * ws / (delta * delta / (z * z) + float(np.sum(W * S * S)) / float(N.sum()))

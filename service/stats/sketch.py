@@ -1,0 +1,136 @@
+"""A bounded-memory, mergeable summary of a stream of real-valued scores.
+
+Strata boundaries must follow the score distribution as it drifts, so the
+service recomputes them from a summary of recent scores rather than from the
+scores themselves.  `ScoreHistogram` is that summary: a fixed grid of
+``BINS`` buckets on the squashed scale ``u = s / (1 + |s|)`` (which maps any
+real score, probability, logit or SVM margin, into ``(-1, 1)``), plus the exact
+minimum and maximum seen.
+
+Why a fixed grid rather than an adaptive sketch (KLL, t-digest):
+* merging is the sum of two count vectors, so several service instances can
+  add to the same Redis hash with ``HINCRBY`` and the result does not depend on
+  the order or grouping of the updates (exactly what an idempotent, replayable
+  state update needs);
+* memory is at most ``BINS`` counters whatever the stream length.
+
+Resolution: a bucket is ``2 / BINS`` wide in ``u``; in score units that is
+``(1 + |s|)^2 * 2 / BINS``, i.e. about 0.001 for probabilities and 0.02 for a
+margin of 5.  Quantiles inside a bucket are interpolated linearly, clipped to
+the exact min/max, so a boundary is never outside the observed scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+BINS = 4096
+
+
+def squash(scores: np.ndarray) -> np.ndarray:
+    """Map real scores monotonically into (-1, 1): ``u = s / (1 + |s|)``."""
+    scores = np.asarray(scores, dtype=float)
+    return scores / (1.0 + np.abs(scores))
+
+
+def unsquash(u: np.ndarray) -> np.ndarray:
+    """Inverse of `squash` on (-1, 1): ``s = u / (1 - |u|)``."""
+    u = np.asarray(u, dtype=float)
+    return u / (1.0 - np.abs(u))
+
+
+def bin_index(scores: np.ndarray) -> np.ndarray:
+    """Bucket of each score (vectorised); scores must be finite."""
+    u = squash(scores)
+    idx = np.floor((u + 1.0) * (BINS / 2.0)).astype(np.int64)
+    return np.clip(idx, 0, BINS - 1)
+
+
+def bin_edges_score() -> np.ndarray:
+    """The ``BINS + 1`` bucket edges in score units (first and last infinite)."""
+    u = np.linspace(-1.0, 1.0, BINS + 1)
+    with np.errstate(divide="ignore"):
+        edges = unsquash(u)
+    edges[0], edges[-1] = -np.inf, np.inf
+    return edges
+
+
+def require_finite(scores: np.ndarray, what: str = "scores") -> np.ndarray:
+    """Return scores as a float array or raise naming the first bad value."""
+    arr = np.asarray(scores, dtype=float).ravel()
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{what} must be finite numbers; {what}[{i}] = {arr[i]!r}")
+    return arr
+
+
+@dataclass
+class ScoreHistogram:
+    """Counts of scores per bucket of the fixed squashed grid, plus exact min/max.
+
+    Stored sparsely in Redis as a hash ``bucket -> count`` with ``min``/``max``
+    fields; in memory as a dense ``int64`` vector of length ``BINS``.
+    """
+
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(BINS, dtype=np.int64))
+    min: float = np.inf
+    max: float = -np.inf
+
+    @classmethod
+    def from_scores(cls, scores: np.ndarray) -> "ScoreHistogram":
+        h = cls()
+        h.add(scores)
+        return h
+
+    @classmethod
+    def from_sparse(cls, buckets: dict[int, int], lo: float, hi: float) -> "ScoreHistogram":
+        counts = np.zeros(BINS, dtype=np.int64)
+        for b, c in buckets.items():
+            if not 0 <= int(b) < BINS:
+                raise ValueError(f"histogram bucket {b} outside 0..{BINS - 1}")
+            counts[int(b)] += int(c)
+        return cls(counts=counts, min=float(lo), max=float(hi))
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def add(self, scores: np.ndarray) -> None:
+        arr = require_finite(scores)
+        if arr.size == 0:
+            return
+        self.counts += np.bincount(bin_index(arr), minlength=BINS)
+        self.min = min(self.min, float(arr.min()))
+        self.max = max(self.max, float(arr.max()))
+
+    def merge(self, other: "ScoreHistogram") -> "ScoreHistogram":
+        return ScoreHistogram(
+            counts=self.counts + other.counts,
+            min=min(self.min, other.min),
+            max=max(self.max, other.max),
+        )
+
+    def sparse(self) -> dict[int, int]:
+        nz = np.flatnonzero(self.counts)
+        return {int(b): int(self.counts[b]) for b in nz}
+
+    def occupied_edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Lower edges, upper edges (score units, clipped to min/max) and counts of
+        the non-empty buckets, in increasing score order."""
+        if self.total == 0:
+            raise ValueError("the score histogram is empty: no scores to stratify")
+        edges = bin_edges_score()
+        nz = np.flatnonzero(self.counts)
+        lower = np.clip(edges[nz], self.min, self.max)
+        upper = np.clip(edges[nz + 1], self.min, self.max)
+        return lower, upper, self.counts[nz].astype(float)
+
+    def quantiles(self, probs: np.ndarray) -> np.ndarray:
+        """Approximate quantiles by linear interpolation inside buckets."""
+        lower, upper, counts = self.occupied_edges()
+        cum = np.concatenate([[0.0], np.cumsum(counts)]) / counts.sum()
+        knots = np.concatenate([[lower[0]], upper])
+        return np.interp(np.asarray(probs, dtype=float), cum, knots)
