@@ -1,0 +1,41 @@
+"""The `stratameter` command: run, simulate, bench, demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommands live in their own packages; each module exposes add_parser(sub).
+SUBCOMMANDS = (
+    "service.app.command",
+    "service.simulate.command",
+    "service.bench.command",
+    "service.demo.command",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stratameter",
+        description="Continuous, label-efficient precision monitoring of deployed classifiers.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if not name.startswith(exc.name or "\0"):  # a missing dependency, not an absent subcommand
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
