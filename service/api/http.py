@@ -1,0 +1,86 @@
+"""A small asyncio HTTP/1.1 server for GET endpoints (no web framework needed):
+
+  /metrics                  Prometheus text exposition (computed at scrape time)
+  /healthz                  the process is alive
+  /readyz                   Kafka and Redis reachable recently (503 otherwise)
+  /v1/classifiers           JSON list of classifier ids
+  /v1/classifiers/{id}      JSON estimate, interval, strata and history
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from urllib.parse import unquote
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from . import views
+
+log = logging.getLogger("stratameter.http")
+
+_CLASSIFIER = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+MAX_REQUEST_BYTES = 8192
+
+
+def _response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
+              503: "Service Unavailable"}[status]
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+def _error(status: int, message: str) -> bytes:
+    return _response(status, orjson.dumps({"error": message}))
+
+
+async def route(service, method: str, path: str) -> bytes:
+    if method != "GET":
+        return _error(405, "only GET is supported")
+    path = path.split("?", 1)[0]
+    if path == "/healthz":
+        return _response(200, b'{"status":"ok"}')
+    if path == "/readyz":
+        ok = service.ready()
+        return _response(200 if ok else 503, orjson.dumps({"ready": ok}))
+    if path == "/metrics":
+        from ..metrics.exposition import render
+
+        return _response(200, await render(service), CONTENT_TYPE_LATEST)
+    if path == "/v1/classifiers":
+        return _response(200, orjson.dumps(await service.store.classifiers()))
+    if path.startswith("/v1/classifiers/"):
+        cid = unquote(path[len("/v1/classifiers/"):])
+        if not _CLASSIFIER.fullmatch(cid):
+            return _error(400, "classifier id must be 1-128 chars of [A-Za-z0-9._:-]")
+        doc = await views.classifier_view(service.store, cid, service.settings.for_classifier(cid))
+        if doc is None:
+            return _error(404, f"unknown classifier {cid!r}")
+        return _response(200, orjson.dumps(doc))
+    return _error(404, "not found")
+
+
+async def serve(service, host: str, port: int) -> asyncio.base_events.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            if len(head) > MAX_REQUEST_BYTES:
+                writer.write(_error(400, "request too large"))
+            else:
+                method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+                try:
+                    writer.write(await route(service, method, path))
+                except Exception as exc:  # noqa: BLE001 - e.g. Redis down during a scrape
+                    log.warning("request failed", extra={"path": path, "error": repr(exc)})
+                    writer.write(_error(503, "state store unavailable"))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port, limit=MAX_REQUEST_BYTES)

@@ -1,0 +1,305 @@
+"""`stratameter run`: wires Kafka, Redis, the ingest/labels/requests adapters and HTTP.
+
+Checkpoint discipline (quix-streams' "state and offsets together", without
+Kafka transactions): a partition batch is applied to Redis by idempotent,
+offset-guarded scripts, dead letters are produced and acknowledged, and only
+then is the batch's Kafka offset committed.  A crash anywhere replays the
+batch, and the offset guards in Redis turn the replay into a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import defaultdict
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from schemas.parse import dead_letter_record, parse_labels, parse_scores
+from ..ingest.ingestor import ScoreIngestor
+from ..labels.folder import LabelFolder
+from ..requests.loop import RequestLoop
+from ..state.store import Store
+
+log = logging.getLogger("stratameter")
+
+BACKOFF_MAX_S = 5.0
+LEASE_MS = 10_000
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, service: "Service") -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked):
+        for tp in revoked:
+            if tp.topic == self.service.settings.topic_scores:
+                self.service.ingestor.forget_partition(tp.partition)
+        self.service.global_offsets.clear()
+
+    async def on_partitions_assigned(self, assigned):
+        log.info("partitions assigned", extra={"partitions": sorted(f"{t.topic}:{t.partition}" for t in assigned)})
+
+
+class DeadLetterLimiter:
+    """Token bucket: the dead-letter producer can never amplify bad traffic."""
+
+    def __init__(self, per_second: float) -> None:
+        self.rate = float(per_second)
+        self.tokens = self.rate
+        self.at = time.monotonic()
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class Service:
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.redis = Redis.from_url(settings.redis_url_with_credentials(), socket_timeout=5, socket_connect_timeout=5,
+                                    health_check_interval=10)
+        self.store = Store(self.redis, settings.redis_key_prefix)
+        self.ingestor = ScoreIngestor(self.store, settings)
+        self.folder = LabelFolder(self.store)
+        self.loop = RequestLoop(self.store, settings, self._publish_requests)
+        self.global_offsets: dict[tuple[str, int], int] = {}
+        self.dead_letters = DeadLetterLimiter(settings.dead_letter_max_per_second)
+        self.dead_letters_dropped = 0
+        self.owned: set[str] = set()
+        self.stopping = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.kafka_ok_at = 0.0
+        self.redis_ok_at = 0.0
+        self.started_at = time.time()
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.lag: dict[tuple[str, int], int] = {}
+        self._republished: set[str] = set()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        kafka = self.settings.kafka_client_kwargs()
+        self.producer = AIOKafkaProducer(acks="all", linger_ms=5, enable_idempotence=False, **kafka)
+        await self.producer.start()
+        self.consumer = AIOKafkaConsumer(
+            group_id=self.settings.kafka_consumer_group, enable_auto_commit=False, auto_offset_reset="earliest",
+            session_timeout_ms=self.settings.kafka_session_timeout_ms, heartbeat_interval_ms=500,
+            max_poll_records=self.settings.batch_max_records, **kafka)
+        self.consumer.subscribe([self.settings.topic_scores, self.settings.topic_labels], listener=_Rebalance(self))
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            try:
+                from ..embedded import leave_group_on_stop
+
+                leave_group_on_stop(self.consumer)
+            except Exception:  # pragma: no cover - best effort
+                pass
+            await self.consumer.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+        await self.redis.aclose()
+
+    def ready(self) -> bool:
+        now = time.time()
+        return now - self.kafka_ok_at < 10 and now - self.redis_ok_at < 10
+
+    # ---- consume ------------------------------------------------------------------------
+    async def consume_forever(self) -> None:
+        backoff = 0.1
+        while not self.stopping.is_set():
+            try:
+                batches = await self.consumer.getmany(timeout_ms=200, max_records=self.settings.batch_max_records)
+                self.kafka_ok_at = time.time()
+            except Exception as exc:  # noqa: BLE001 - the client retries; we back off and report not ready
+                log.warning("kafka poll failed", extra={"error": repr(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                continue
+            backoff = 0.1
+            commits = {}
+            for tp, records in batches.items():
+                if not records:
+                    continue
+                if not await self._process_with_retry(tp, records):
+                    return  # stopping while Redis was down: nothing committed, the batch replays
+                commits[tp] = OffsetAndMetadata(records[-1].offset + 1, "")
+            if commits:
+                await self._commit(commits)
+                self.wake.set()
+            await self._refresh_lag()
+
+    async def _commit(self, commits) -> None:
+        try:
+            await self.consumer.commit(commits)
+        except Exception as exc:  # noqa: BLE001 - a lost commit only means a harmless replay
+            log.warning("offset commit failed; the batch will be replayed idempotently", extra={"error": repr(exc)})
+
+    async def _refresh_lag(self) -> None:
+        try:
+            for tp in self.consumer.assignment():
+                hw = self.consumer.highwater(tp)
+                pos = await self.consumer.position(tp) if hw is not None else None
+                if hw is not None and pos is not None:
+                    self.lag[(tp.topic, tp.partition)] = max(0, hw - pos)
+        except Exception:  # noqa: BLE001 - lag is informative only
+            pass
+
+    async def _process_with_retry(self, tp: TopicPartition, records) -> bool:
+        backoff = 0.1
+        while True:
+            try:
+                await self._process(tp, records)
+                self.redis_ok_at = time.time()
+                return True
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                self.redis_ok_at = 0.0
+                log.warning("redis unavailable; retrying batch", extra={"error": repr(exc), "partition": tp.partition})
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), backoff)
+                    return False
+                except asyncio.TimeoutError:
+                    backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    async def _process(self, tp: TopicPartition, records) -> None:
+        values = [r.value for r in records]
+        stamps = [r.timestamp for r in records]
+        offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records))
+        if tp.topic == self.settings.topic_scores:
+            batch, rejects = parse_scores(values, stamps, self.settings.threshold_for)
+            if batch.index.size:
+                await self.ingestor.apply(tp.partition, offsets[batch.index], batch.classifier_id, batch.item_id,
+                                          batch.score, batch.predicted_positive, batch.event_time_ms, batch.context)
+        else:
+            batch, rejects = parse_labels(values, stamps)
+            rejects = list(rejects)
+            if batch.index.size:
+                outcomes = await self.folder.apply(tp.partition, offsets[batch.index], batch.request_id, batch.label,
+                                                   batch.labeler_id)
+                unknown_global = []
+                for o in outcomes:
+                    pos = int(batch.index[o.index])
+                    if o.outcome in ("unknown", "duplicate", "expired"):
+                        rejects.append((pos, "unknown_request" if o.outcome == "unknown" else o.outcome,
+                                        f"label for request_id {batch.request_id[o.index]!r}: {o.outcome}"))
+                    if o.outcome == "unknown" and o.classifier_id == "" and "/" not in batch.request_id[o.index]:
+                        unknown_global.append(pos)
+                    if o.outcome in ("accepted", "skipped"):
+                        self.wake.set()
+                await self._count_global(tp, "labels-unknown", self.store.keys.global_stem + ":labels_unknown",
+                                         {int(offsets[p]): "unknown" for p in unknown_global}, offsets)
+        invalid = {int(offsets[i]): reason for i, reason, _ in rejects
+                   if reason not in ("unknown_request", "duplicate", "expired")}
+        await self._count_global(tp, tp.topic, self.store.keys.invalid, invalid, offsets, prefix=f"{tp.topic}|")
+        await self._dead_letter(tp, records, rejects)
+
+    async def _count_global(self, tp, scope: str, counts_key: str, by_offset: dict[int, str], offsets,
+                            prefix: str = "") -> None:
+        """Add counts keyed by reason, guarded by the partition offset of `scope`."""
+        okey = self.store.keys.global_offsets(scope)
+        key = (scope, tp.partition)
+        if key not in self.global_offsets:
+            v = await self.redis.hget(okey, str(tp.partition))
+            self.global_offsets[key] = int(v) if v is not None else -1
+        last = int(offsets[-1])
+        while self.global_offsets[key] < last:
+            base = self.global_offsets[key]
+            counts: dict[str, int] = defaultdict(int)
+            for off, reason in by_offset.items():
+                if off > base:
+                    counts[prefix + reason] += 1
+            args: list = [tp.partition, base, last]
+            for field, c in counts.items():
+                args += [field, c]
+            res = await self.store._scripts["GLOBAL_COUNT"](keys=[okey, counts_key], args=args)
+            self.global_offsets[key] = int(res[1])
+
+    async def _dead_letter(self, tp, records, rejects) -> None:
+        if not rejects:
+            return
+        futures = []
+        for i, reason, detail in rejects:
+            if not self.dead_letters.allow():
+                self.dead_letters_dropped += 1
+                continue
+            r = records[i]
+            value = dead_letter_record(r.value, r.key, tp.topic, tp.partition, r.offset, reason, detail, time.time())
+            futures.append(await self.producer.send(self.settings.topic_dead_letter, value=value, key=r.key))
+        if futures:
+            await asyncio.gather(*futures)
+
+    # ---- label requests -----------------------------------------------------------------
+    async def _publish_requests(self, records: list[tuple[str, bytes]]) -> None:
+        futures = [await self.producer.send(self.settings.topic_label_requests, value=v, key=k.encode())
+                   for k, v in records]
+        if futures:
+            await asyncio.gather(*futures)
+
+    async def requests_forever(self) -> None:
+        next_lease = 0.0
+        while not self.stopping.is_set():
+            try:
+                now = time.monotonic()
+                if now >= next_lease:
+                    await self._renew_leases()
+                    next_lease = now + LEASE_MS / 3000
+                for cid in sorted(self.owned):
+                    if cid not in self._republished:
+                        await self.loop.republish_outbox(cid)
+                        self._republished.add(cid)
+                    await self.loop.step(cid)
+                self.redis_ok_at = time.time()
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                self.redis_ok_at = 0.0
+                log.warning("request loop: redis unavailable", extra={"error": repr(exc)})
+            except Exception:  # noqa: BLE001 - never let the loop die; report and go on
+                log.exception("request loop step failed")
+            try:
+                await asyncio.wait_for(self.wake.wait(), 0.25)
+            except asyncio.TimeoutError:
+                pass
+            self.wake.clear()
+
+    async def _renew_leases(self) -> None:
+        owned = set()
+        for cid in await self.store.classifiers():
+            if await self.store.acquire_lease(cid, self.settings.instance_id, LEASE_MS):
+                owned.add(cid)
+        lost = self.owned - owned
+        for cid in lost:
+            self._republished.discard(cid)
+        self.owned = owned
+
+
+async def run(settings) -> int:
+    """Run until SIGTERM/SIGINT: finish the batch in hand, commit, close."""
+    from ..api.http import serve
+
+    service = Service(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stopping.set)
+    server = await serve(service, settings.http_host, settings.http_port)
+    await service.start()
+    log.info("stratameter started", extra={"settings": settings.safe_dict()})
+    tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever())]
+    await service.stopping.wait()
+    log.info("stopping")
+    await asyncio.gather(*tasks, return_exceptions=True)
+    server.close()
+    await service.stop()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,119 @@
+"""Turn one partition's batch of parsed score records into per-classifier state
+deltas: one payload per classifier for the INGEST script, so Redis is touched
+once per classifier per batch, never per record.
+
+Pure numpy; no I/O.  Each payload carries, per event-time chunk: the score
+histogram increments (the sketch later chunks' boundaries come from), the
+predicted-positive count per stratum, and the reservoir candidates (the
+bottom-k priorities of the batch per stratum; Redis keeps the global
+bottom-k, which is a uniform sample of the stratum whatever the batching or
+the number of instances feeding it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from ..stats.sketch import bin_index
+from ..stats.strata import assign
+
+
+@dataclass
+class ClassifierRecords:
+    """The valid records of one classifier in one partition batch (aligned arrays)."""
+
+    classifier_id: str
+    offsets: np.ndarray  # int64, increasing
+    item_id: list[str]
+    score: np.ndarray  # float64
+    positive: np.ndarray  # bool
+    event_ms: np.ndarray  # int64
+    context: list  # bytes | None per record
+
+    def after(self, offset: int) -> "ClassifierRecords":
+        """The records with an offset above `offset` (for replays)."""
+        keep = np.flatnonzero(self.offsets > offset)
+        if keep.size == self.offsets.size:
+            return self
+        return ClassifierRecords(
+            self.classifier_id, self.offsets[keep], [self.item_id[i] for i in keep], self.score[keep],
+            self.positive[keep], self.event_ms[keep], [self.context[i] for i in keep],
+        )
+
+    @property
+    def size(self) -> int:
+        return int(self.offsets.size)
+
+
+def group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts
+                        ) -> list[ClassifierRecords]:
+    """Split a parsed batch by classifier, keeping record order."""
+    codes: dict[str, int] = {}
+    code = np.fromiter((codes.setdefault(c, len(codes)) for c in classifier_ids), dtype=np.int64,
+                       count=len(classifier_ids))
+    out = []
+    for cid, c in codes.items():
+        idx = np.flatnonzero(code == c)
+        out.append(ClassifierRecords(
+            cid, np.asarray(offsets)[idx], [item_ids[i] for i in idx], np.asarray(scores)[idx],
+            np.asarray(positive)[idx], np.asarray(event_ms)[idx], [contexts[i] for i in idx],
+        ))
+    return out
+
+
+def chunk_of(event_ms: np.ndarray, chunk_seconds: int) -> np.ndarray:
+    """Chunk id: event time in whole multiples of `chunk_seconds` since the epoch (UTC)."""
+    return np.floor_divide(np.asarray(event_ms, dtype=np.int64), 1000 * int(chunk_seconds))
+
+
+def _pairs(keys: np.ndarray, counts: np.ndarray) -> list[int]:
+    out = np.empty(2 * keys.size, dtype=np.int64)
+    out[0::2], out[1::2] = keys, counts
+    return out.tolist()
+
+
+def member(item_id: str, score: float, context: bytes | None) -> str:
+    """The reservoir entry of one item (what a label request needs)."""
+    return orjson.dumps({"i": item_id, "s": score, "x": orjson.Fragment(context) if context else None}).decode()
+
+
+def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservoir_size: int,
+                  now_ms: int, rng: np.random.Generator) -> dict:
+    """The INGEST payload of one classifier's records (see state.scripts.INGEST).
+
+    `cuts_for(chunk)` returns the chunk's fixed strata boundaries.
+    """
+    chunks = chunk_of(recs.event_ms, chunk_seconds)
+    priority = rng.random(recs.size)
+    out_chunks = []
+    for t in np.unique(chunks[recs.positive]):
+        sel = np.flatnonzero((chunks == t) & recs.positive)
+        s = recs.score[sel]
+        buckets, bcounts = np.unique(bin_index(s), return_counts=True)
+        stratum = assign(s, cuts_for(int(t)))
+        strata, scounts = np.unique(stratum, return_counts=True)
+        res = []
+        for k in strata:
+            in_k = sel[stratum == k]
+            if in_k.size > reservoir_size:
+                in_k = in_k[np.argpartition(priority[in_k], reservoir_size - 1)[:reservoir_size]]
+            args: list = []
+            for i in in_k:
+                args.append(float(priority[i]))
+                args.append(member(recs.item_id[i], float(recs.score[i]), recs.context[i]))
+            res.append([int(k), args])
+        lo, hi = float(s.min()), float(s.max())
+        out_chunks.append({
+            "t": str(int(t)), "hist": _pairs(buckets, bcounts), "N": _pairs(strata, scounts), "res": res,
+            "lo": lo, "hi": hi, "lo_s": repr(lo), "hi_s": repr(hi),
+        })
+    return {
+        "scores": recs.size,
+        "now": int(now_ms),
+        "last_event": int(recs.event_ms.max()) if recs.size else -1,
+        "chunks": out_chunks,
+        "res_size": int(reservoir_size),
+    }

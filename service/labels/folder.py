@@ -1,0 +1,70 @@
+"""Fold reviewers' answers into the stratum counts, each exactly once.
+
+A request id is ``<classifier_id>/<random token>``: the classifier part routes
+the answer to the classifier's state (one Redis slot) without any global
+index; the 128-bit token makes ids unguessable, so a label cannot be forged
+for an item that was never requested.  The LABEL script checks and consumes
+the outstanding request and updates the counts in one atomic call, guarded by
+the labels-partition offset (replays are no-ops).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from ..state.store import Store
+
+_CLASSIFIER = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+#: Outcomes of one label record, as in stratameter_labels_total{outcome}.
+OUTCOMES = ("accepted", "skipped", "duplicate", "unknown", "expired")
+
+
+def split_request_id(rid: str) -> str | None:
+    """The classifier a request id belongs to, or None if it names none."""
+    cid, sep, token = rid.partition("/")
+    if not sep or not token or not _CLASSIFIER.fullmatch(cid):
+        return None
+    return cid
+
+
+@dataclass
+class LabelOutcome:
+    index: int  # position in the batch
+    classifier_id: str  # "" when the request id names no classifier
+    outcome: str  # one of OUTCOMES, or "replay" (already applied before a restart)
+    chunk: int | None = None
+    stratum: int | None = None
+
+
+class LabelFolder:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def apply(self, partition: int, offsets, request_ids, labels, labelers) -> list[LabelOutcome]:
+        """Fold a parsed batch; returns one outcome per record.
+
+        Request ids that name no classifier cannot be routed to any state and
+        are reported as ``unknown`` for the caller to count under the global
+        offset guard.
+        """
+        now_ms = int(time.time() * 1000)
+        calls, where, out = [], [], []
+        for i, (off, rid, label, who) in enumerate(zip(offsets, request_ids, labels, labelers)):
+            cid = split_request_id(rid)
+            if cid is None:
+                out.append(LabelOutcome(i, "", "unknown"))
+                continue
+            value = "null" if label is None else ("1" if label else "0")
+            calls.append((cid, partition, int(off), rid, value, now_ms, who or ""))
+            where.append((i, cid))
+        if calls:
+            for (i, cid), res in zip(where, await self.store.apply_labels(calls)):
+                outcome = res[0]
+                chunk = int(res[1]) if len(res) > 1 else None
+                stratum = int(res[2]) if len(res) > 2 else None
+                out.append(LabelOutcome(i, "" if outcome == "unknown" else cid, outcome, chunk, stratum))
+        out.sort(key=lambda o: o.index)
+        return out

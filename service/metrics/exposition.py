@@ -1,0 +1,102 @@
+"""Prometheus exposition computed at scrape time (client_python's custom
+collector pattern): the async scrape handler reads the shared state for the
+classifiers this instance owns, then a collector turns that snapshot into
+metric families.  Names follow Prometheus conventions: `_ratio` for 0-1
+values, `_total` for counters, base units (seconds)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..labels.folder import OUTCOMES
+from ..api.views import classifier_view
+
+
+class SnapshotCollector:
+    def __init__(self, views: list[dict], invalid: dict[tuple[str, str], int], unknown_global: int,
+                 lag: dict[tuple[str, int], int], dropped: int) -> None:
+        self.views, self.invalid, self.unknown_global, self.lag, self.dropped = views, invalid, unknown_global, lag, dropped
+
+    def collect(self):
+        g = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in (
+            ("stratameter_precision_ratio", "Stratified precision estimate of the reported chunk"),
+            ("stratameter_precision_ci_lower_ratio", "Lower bound of the precision confidence interval"),
+            ("stratameter_precision_ci_upper_ratio", "Upper bound of the precision confidence interval"),
+            ("stratameter_precision_stderr_ratio", "Standard error of the precision estimate"),
+            ("stratameter_labels_pending", "Label requests awaiting an answer"),
+            ("stratameter_last_label_timestamp_seconds", "Time the last label was folded"),
+        )}
+        scores = CounterMetricFamily("stratameter_scores", "Score records counted", labels=["classifier"])
+        requests = CounterMetricFamily("stratameter_label_requests", "Label requests issued", labels=["classifier"])
+        labels = CounterMetricFamily("stratameter_labels", "Label records by outcome", labels=["classifier", "outcome"])
+        per_stratum = {name: GaugeMetricFamily(name, doc, labels=["classifier", "stratum"]) for name, doc in (
+            ("stratameter_stratum_items", "Predicted positives in the stratum (reported chunk)"),
+            ("stratameter_stratum_labels", "Labels folded in the stratum (reported chunk)"),
+            ("stratameter_stratum_precision_ratio", "Observed precision among the stratum's labels"),
+            ("stratameter_stratum_upper_score", "Upper score boundary of the stratum"),
+        )}
+        unknown = self.unknown_global
+        for v in self.views:
+            cid = v["classifier_id"]
+            for key, name in (("estimate", "stratameter_precision_ratio"),
+                              ("ci_lower", "stratameter_precision_ci_lower_ratio"),
+                              ("ci_upper", "stratameter_precision_ci_upper_ratio"),
+                              ("stderr", "stratameter_precision_stderr_ratio")):
+                if v[key] is not None:
+                    g[name].add_metric([cid], v[key])
+            g["stratameter_labels_pending"].add_metric([cid], v["pending"])
+            if v["last_label_at"] is not None:
+                g["stratameter_last_label_timestamp_seconds"].add_metric([cid], v["last_label_ms"] / 1000)
+            scores.add_metric([cid], v["scores"])
+            requests.add_metric([cid], v["label_requests"])
+            for o in OUTCOMES:
+                if o == "unknown":
+                    unknown += v["labels_by_outcome"][o]
+                    continue
+                labels.add_metric([cid, o], v["labels_by_outcome"][o])
+            for s in v["strata"]:
+                k = str(s["stratum"])
+                per_stratum["stratameter_stratum_items"].add_metric([cid, k], s["items"])
+                per_stratum["stratameter_stratum_labels"].add_metric([cid, k], s["labels"])
+                if s["precision"] is not None:
+                    per_stratum["stratameter_stratum_precision_ratio"].add_metric([cid, k], s["precision"])
+                if s["upper_score"] is not None:
+                    per_stratum["stratameter_stratum_upper_score"].add_metric([cid, k], s["upper_score"])
+        labels.add_metric(["", "unknown"], unknown)
+        invalid = CounterMetricFamily("stratameter_invalid_messages", "Rejected input records (dead-lettered)",
+                                      labels=["topic", "reason"])
+        for (topic, reason), c in sorted(self.invalid.items()):
+            invalid.add_metric([topic, reason], c)
+        lag = GaugeMetricFamily("stratameter_consumer_lag_records", "Records behind the partition end",
+                                labels=["topic", "partition"])
+        for (topic, part), n in sorted(self.lag.items()):
+            lag.add_metric([topic, str(part)], n)
+        dropped = CounterMetricFamily("stratameter_dead_letters_dropped", "Dead letters not produced (rate limit)")
+        dropped.add_metric([], self.dropped)
+        yield from g.values()
+        yield scores
+        yield requests
+        yield labels
+        yield from per_stratum.values()
+        yield invalid
+        yield lag
+        yield dropped
+
+
+async def render(service) -> bytes:
+    """The /metrics body for `service` (only the classifiers it owns)."""
+    views = []
+    for cid in sorted(service.owned):
+        v = await classifier_view(service.store, cid, service.settings.for_classifier(cid))
+        if v is not None:
+            meta = await service.store.classifier_summary(cid)
+            v["last_label_ms"] = int(meta["counters"].get("last_label_ms", 0))
+            views.append(v)
+    invalid = await service.store.invalid_counts()
+    raw = await service.redis.hget(service.store.keys.global_stem + ":labels_unknown", "unknown")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(views, invalid, int(raw or 0), dict(service.lag), service.dead_letters_dropped))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return generate_latest(registry)

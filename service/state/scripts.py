@@ -1,0 +1,175 @@
+"""Lua scripts: every state change is one atomic script on one classifier's slot.
+
+Exactly-once without Kafka transactions: each script that applies records
+from a topic partition first compares the partition's last applied offset,
+stored with the classifier's state, and applies and advances it in the same
+atomic call.  A batch replayed after a crash is recognised and skipped (or,
+for the scores topic, re-aggregated from the stored offset), so consumer
+offsets may be committed after the fact with at-least-once delivery and the
+state still changes exactly once.  Key stems are passed in KEYS[1]; the keys a
+script builds from it share the stem's hash tag, so each script stays within
+one Redis Cluster slot.
+"""
+
+INGEST = r"""
+local stem = KEYS[1]
+local okey = stem .. ':offsets:scores'
+local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
+if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
+redis.call('HSET', okey, ARGV[1], ARGV[3])
+local p = cjson.decode(ARGV[4])
+local meta = stem .. ':meta'
+redis.call('HINCRBY', meta, 'scores_total', p.scores)
+redis.call('HSETNX', meta, 'first_seen_ms', p.now)
+local le = tonumber(redis.call('HGET', meta, 'last_event_ms') or '-1')
+if p.last_event > le then redis.call('HSET', meta, 'last_event_ms', p.last_event) end
+for _, c in ipairs(p.chunks) do
+  local ck = stem .. ':c:' .. c.t
+  redis.call('ZADD', stem .. ':chunks', c.t, c.t)
+  for i = 1, #c.hist, 2 do redis.call('HINCRBY', ck .. ':hist', c.hist[i], c.hist[i + 1]) end
+  for i = 1, #c.N, 2 do redis.call('HINCRBY', ck .. ':N', c.N[i], c.N[i + 1]) end
+  if c.lo then
+    local lo = tonumber(redis.call('HGET', ck .. ':meta', 'min') or '1e308')
+    local hi = tonumber(redis.call('HGET', ck .. ':meta', 'max') or '-1e308')
+    if c.lo < lo then redis.call('HSET', ck .. ':meta', 'min', c.lo_s) end
+    if c.hi > hi then redis.call('HSET', ck .. ':meta', 'max', c.hi_s) end
+  end
+  for _, r in ipairs(c.res) do
+    local rk = ck .. ':res:' .. r[1]
+    local args = r[2]
+    for i = 1, #args, 400 do
+      redis.call('ZADD', rk, unpack(args, i, math.min(i + 399, #args)))
+    end
+    redis.call('ZREMRANGEBYRANK', rk, p.res_size, -1)
+  end
+end
+return {1, ARGV[3]}
+"""
+
+OPEN_CHUNK = r"""
+local meta = KEYS[1] .. ':c:' .. ARGV[1] .. ':meta'
+if redis.call('HSETNX', meta, 'cuts', ARGV[2]) == 1 then
+  redis.call('HSET', meta, 'opened_ms', ARGV[3], 'round', 0, 'evaluated_round', 0, 'streak', 0,
+             'status', 'open')
+end
+return redis.call('HGET', meta, 'cuts')
+"""
+
+LABEL = r"""
+local stem = KEYS[1]
+local okey = stem .. ':offsets:labels'
+local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
+if tonumber(ARGV[2]) <= stored then return {'replay'} end
+redis.call('HSET', okey, ARGV[1], ARGV[2])
+local cnt = stem .. ':counters'
+local rk = stem .. ':req:' .. ARGV[3]
+local st = redis.call('HGET', rk, 'state')
+if not st then
+  redis.call('HINCRBY', cnt, 'labels_unknown', 1)
+  return {'unknown'}
+end
+if st == 'answered' or st == 'skipped' then
+  redis.call('HINCRBY', cnt, 'labels_duplicate', 1)
+  return {'duplicate'}
+end
+if st == 'expired' then
+  redis.call('HINCRBY', cnt, 'labels_expired', 1)
+  return {'expired'}
+end
+local chunk = redis.call('HGET', rk, 'chunk')
+local k = redis.call('HGET', rk, 'stratum')
+redis.call('ZREM', stem .. ':pending', ARGV[3])
+if ARGV[4] == 'null' then
+  redis.call('HSET', rk, 'state', 'skipped', 'answered_ms', ARGV[5])
+  redis.call('HINCRBY', cnt, 'labels_skipped', 1)
+  redis.call('HINCRBY', stem .. ':c:' .. chunk .. ':replace', k, 1)
+  return {'skipped', chunk, k}
+end
+redis.call('HSET', rk, 'state', 'answered', 'label', ARGV[4], 'answered_ms', ARGV[5], 'labeler', ARGV[6])
+redis.call('HINCRBY', stem .. ':c:' .. chunk .. ':n', k, 1)
+redis.call('HINCRBY', stem .. ':c:' .. chunk .. ':h', k, tonumber(ARGV[4]))
+redis.call('HINCRBY', cnt, 'labels_accepted', 1)
+redis.call('HSET', cnt, 'last_label_ms', ARGV[5])
+return {'accepted', chunk, k}
+"""
+
+EXPIRE = r"""
+local stem = KEYS[1]
+local due = redis.call('ZRANGEBYSCORE', stem .. ':pending', '-inf', ARGV[1])
+local cnt = stem .. ':counters'
+for _, rid in ipairs(due) do
+  local rk = stem .. ':req:' .. rid
+  local st = redis.call('HGET', rk, 'state')
+  if st == 'new' or st == 'pending' then
+    redis.call('HSET', rk, 'state', 'expired')
+    redis.call('HINCRBY', stem .. ':c:' .. redis.call('HGET', rk, 'chunk') .. ':replace',
+               redis.call('HGET', rk, 'stratum'), 1)
+    redis.call('HINCRBY', cnt, 'requests_expired', 1)
+  end
+  redis.call('ZREM', stem .. ':pending', rid)
+end
+return #due
+"""
+
+# ARGV: chunk, now_ms, deadline_ms, hour, round, fence, requests JSON
+# [[rid, stratum, item_id, score, member], ...], replaced JSON {stratum: used}
+ISSUE = r"""
+local stem = KEYS[1]
+if redis.call('GET', stem .. ':lease') ~= ARGV[6] then return {-1} end
+local ck = stem .. ':c:' .. ARGV[1]
+local reqs = cjson.decode(ARGV[7])
+local issued = {}
+for _, r in ipairs(reqs) do
+  if redis.call('SADD', ck .. ':sampled', r[3]) == 1 then
+    local rk = stem .. ':req:' .. r[1]
+    redis.call('HSET', rk, 'chunk', ARGV[1], 'stratum', r[2], 'item', r[5], 'deadline_ms', ARGV[3],
+               'requested_ms', ARGV[2], 'round', ARGV[5], 'state', 'new')
+    redis.call('ZADD', stem .. ':pending', ARGV[3], r[1])
+    issued[#issued + 1] = r[1]
+  end
+end
+redis.call('HINCRBY', stem .. ':counters', 'requests_total', #issued)
+redis.call('HINCRBY', stem .. ':hourly', ARGV[4], #issued)
+redis.call('HSET', ck .. ':meta', 'round', ARGV[5])
+for k, used in pairs(cjson.decode(ARGV[8])) do
+  local left = tonumber(redis.call('HGET', ck .. ':replace', k) or '0') - used
+  if left > 0 then redis.call('HSET', ck .. ':replace', k, left) else redis.call('HDEL', ck .. ':replace', k) end
+end
+return issued
+"""
+
+MARK_PUBLISHED = r"""
+for i, rid in ipairs(ARGV) do
+  local rk = KEYS[1] .. ':req:' .. rid
+  if redis.call('HGET', rk, 'state') == 'new' then redis.call('HSET', rk, 'state', 'pending') end
+end
+return #ARGV
+"""
+
+# Evaluate a completed round once: ARGV round, streak, status
+EVALUATE_ROUND = r"""
+local meta = KEYS[1] .. ':c:' .. ARGV[1] .. ':meta'
+if tonumber(redis.call('HGET', meta, 'evaluated_round') or '0') >= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', meta, 'evaluated_round', ARGV[2], 'streak', ARGV[3], 'status', ARGV[4])
+return 1
+"""
+
+# Lease with fencing: ARGV instance, ttl_ms.  Returns 1 if held by the caller.
+LEASE = r"""
+local cur = redis.call('GET', KEYS[1])
+if cur == false or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# Global counters (invalid records) with the same offset guard: ARGV partition, expected,
+# new, then field/increment pairs.
+GLOBAL_COUNT = r"""
+local stored = redis.call('HGET', KEYS[1], ARGV[1]) or '-1'
+if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+for i = 4, #ARGV, 2 do redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) end
+return {1, ARGV[3]}
+"""

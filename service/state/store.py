@@ -1,0 +1,239 @@
+"""The Redis adapter: typed calls around the atomic scripts and the reads the
+request loop, the HTTP API and the metrics collector need.  Holds no state of
+its own that another instance would need (only script SHAs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+from redis.asyncio import Redis
+
+from ..stats.sketch import ScoreHistogram
+from . import scripts
+from .keys import Keys
+
+
+@dataclass
+class ChunkState:
+    """One chunk of one classifier as stored."""
+
+    chunk: int
+    cuts: np.ndarray
+    N: np.ndarray
+    n: np.ndarray
+    h: np.ndarray
+    round: int = 0
+    evaluated_round: int = 0
+    streak: int = 0
+    status: str = "open"
+    replace: dict[int, int] = field(default_factory=dict)
+    min: float = float("nan")
+    max: float = float("nan")
+
+    @property
+    def strata(self) -> int:
+        return self.cuts.size + 1
+
+
+def _vec(raw: dict, k: int) -> np.ndarray:
+    out = np.zeros(k, dtype=np.int64)
+    for key, val in raw.items():
+        i = int(key)
+        if 0 <= i < k:
+            out[i] = int(val)
+    return out
+
+
+class Store:
+    def __init__(self, redis: Redis, prefix: str) -> None:
+        self.redis = redis
+        self.keys = Keys(prefix)
+        self._scripts = {
+            name: redis.register_script(getattr(scripts, name))
+            for name in ("INGEST", "OPEN_CHUNK", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
+                         "EVALUATE_ROUND", "LEASE", "GLOBAL_COUNT")
+        }
+
+    # ---- ingest -------------------------------------------------------------------------
+    async def scores_offsets(self, cids: list[str], partition: int) -> dict[str, int]:
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in cids:
+            pipe.hget(f"{self.keys.classifier(cid)}:offsets:scores", str(partition))
+        vals = await pipe.execute()
+        return {cid: int(v) if v is not None else -1 for cid, v in zip(cids, vals)}
+
+    async def chunk_cuts(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], np.ndarray | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for cid, t in pairs:
+            pipe.hget(f"{self.keys.chunk(cid, t)}:meta", "cuts")
+        vals = await pipe.execute()
+        return {p: (np.asarray(orjson.loads(v), dtype=float) if v is not None else None) for p, v in zip(pairs, vals)}
+
+    async def open_chunk(self, cid: str, t: int, cuts: np.ndarray, now_ms: int) -> np.ndarray:
+        stored = await self._scripts["OPEN_CHUNK"](
+            keys=[self.keys.classifier(cid)], args=[str(t), orjson.dumps(cuts.tolist()), now_ms])
+        return np.asarray(orjson.loads(stored), dtype=float)
+
+    async def recent_histogram(self, cid: str, before: int) -> ScoreHistogram | None:
+        """The histogram of the latest chunk before `before` (the drift-following sketch)."""
+        stem = self.keys.classifier(cid)
+        prev = await self.redis.zrevrangebyscore(f"{stem}:chunks", f"({before}", "-inf", start=0, num=1)
+        if not prev:
+            return None
+        t = int(prev[0])
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(f"{self.keys.chunk(cid, t)}:hist")
+        pipe.hmget(f"{self.keys.chunk(cid, t)}:meta", "min", "max")
+        raw, (lo, hi) = await pipe.execute()
+        if not raw or lo is None or hi is None:
+            return None
+        return ScoreHistogram.from_sparse({int(k): int(v) for k, v in raw.items()}, float(lo), float(hi))
+
+    async def apply_ingest(self, calls: list[tuple[str, int, int, int, bytes]]) -> list[tuple[bool, int]]:
+        """Run INGEST for (cid, partition, expected_offset, new_offset, payload) in one pipeline.
+
+        Returns (applied, stored_offset) per call; not applied means another
+        writer moved the offset: the caller re-aggregates from `stored_offset`.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for cid, part, expected, new, payload in calls:
+            self._scripts["INGEST"](keys=[self.keys.classifier(cid)], args=[part, expected, new, payload], client=pipe)
+        for cid, *_ in calls:
+            pipe.sadd(self.keys.classifiers, cid)
+        res = (await pipe.execute())[: len(calls)]
+        return [(int(r[0]) == 1, int(r[1])) for r in res]
+
+    async def count_invalid(self, topic: str, partition: int, expected: int, new: int,
+                            counts: dict[str, int]) -> tuple[bool, int]:
+        args: list = [partition, expected, new]
+        for reason, c in counts.items():
+            args += [f"{topic}|{reason}", c]
+        r = await self._scripts["GLOBAL_COUNT"](keys=[self.keys.global_offsets(topic), self.keys.invalid], args=args)
+        return int(r[0]) == 1, int(r[1])
+
+    async def invalid_offset(self, topic: str, partition: int) -> int:
+        v = await self.redis.hget(self.keys.global_offsets(topic), str(partition))
+        return int(v) if v is not None else -1
+
+    # ---- labels -------------------------------------------------------------------------
+    async def apply_labels(self, calls: list[tuple[str, int, int, str, str, int, str]]) -> list[list]:
+        """LABEL for (cid, partition, offset, request_token, label, now_ms, labeler) in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for cid, part, off, rid, label, now_ms, labeler in calls:
+            self._scripts["LABEL"](keys=[self.keys.classifier(cid)],
+                                   args=[part, off, rid, label, now_ms, labeler], client=pipe)
+        return [[x.decode() if isinstance(x, bytes) else x for x in r] for r in await pipe.execute()]
+
+    # ---- request loop -------------------------------------------------------------------
+    async def acquire_lease(self, cid: str, instance: str, ttl_ms: int) -> bool:
+        return bool(await self._scripts["LEASE"](keys=[f"{self.keys.classifier(cid)}:lease"], args=[instance, ttl_ms]))
+
+    async def lease_holder(self, cid: str) -> str | None:
+        v = await self.redis.get(f"{self.keys.classifier(cid)}:lease")
+        return v.decode() if v is not None else None
+
+    async def expire(self, cid: str, now_ms: int) -> int:
+        return int(await self._scripts["EXPIRE"](keys=[self.keys.classifier(cid)], args=[now_ms]))
+
+    async def pending_count(self, cid: str) -> int:
+        return int(await self.redis.zcard(f"{self.keys.classifier(cid)}:pending"))
+
+    async def unpublished(self, cid: str) -> list[tuple[str, dict]]:
+        """Requests written but not yet marked published (the outbox)."""
+        stem = self.keys.classifier(cid)
+        rids = [r.decode() for r in await self.redis.zrange(f"{stem}:pending", 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hgetall(f"{stem}:req:{rid}")
+        out = []
+        for rid, h in zip(rids, await pipe.execute()):
+            h = {k.decode(): v.decode() for k, v in h.items()}
+            if h.get("state") == "new":
+                out.append((rid, h))
+        return out
+
+    async def reservoir(self, cid: str, t: int, k: int) -> list[str]:
+        return [m.decode() for m in await self.redis.zrange(f"{self.keys.chunk(cid, t)}:res:{k}", 0, -1)]
+
+    async def sampled(self, cid: str, t: int, item_ids: list[str]) -> list[bool]:
+        if not item_ids:
+            return []
+        return [bool(x) for x in await self.redis.smismember(f"{self.keys.chunk(cid, t)}:sampled", item_ids)]
+
+    async def issue(self, cid: str, t: int, now_ms: int, deadline_ms: int, round_no: int, fence: str,
+                    requests: list[list], replaced: dict[int, int]) -> list[str] | None:
+        """Record a round's requests (ISSUE); None if this instance lost the lease."""
+        res = await self._scripts["ISSUE"](
+            keys=[self.keys.classifier(cid)],
+            args=[str(t), now_ms, deadline_ms, now_ms // 3_600_000, round_no, fence,
+                  orjson.dumps(requests), orjson.dumps({str(k): v for k, v in replaced.items()})])
+        if res and not isinstance(res[0], bytes) and int(res[0]) == -1:
+            return None
+        return [r.decode() for r in res]
+
+    async def mark_published(self, cid: str, rids: list[str]) -> None:
+        if rids:
+            await self._scripts["MARK_PUBLISHED"](keys=[self.keys.classifier(cid)], args=rids)
+
+    async def evaluate_round(self, cid: str, t: int, round_no: int, streak: int, status: str) -> bool:
+        return bool(await self._scripts["EVALUATE_ROUND"](
+            keys=[self.keys.classifier(cid)], args=[str(t), round_no, streak, status]))
+
+    async def issued_this_hour(self, cid: str, now_ms: int) -> int:
+        v = await self.redis.hget(f"{self.keys.classifier(cid)}:hourly", str(now_ms // 3_600_000))
+        return int(v) if v is not None else 0
+
+    # ---- reads --------------------------------------------------------------------------
+    async def classifiers(self) -> list[str]:
+        return sorted(m.decode() for m in await self.redis.smembers(self.keys.classifiers))
+
+    async def chunk_ids(self, cid: str) -> list[int]:
+        return [int(x) for x in await self.redis.zrange(f"{self.keys.classifier(cid)}:chunks", 0, -1)]
+
+    async def chunks(self, cid: str, ids: list[int]) -> list[ChunkState]:
+        pipe = self.redis.pipeline(transaction=False)
+        for t in ids:
+            ck = self.keys.chunk(cid, t)
+            pipe.hgetall(f"{ck}:meta")
+            for part in ("N", "n", "h", "replace"):
+                pipe.hgetall(f"{ck}:{part}")
+        raw = await pipe.execute()
+        out = []
+        for i, t in enumerate(ids):
+            meta, N, n, h, rep = (
+                {k.decode(): v.decode() for k, v in d.items()} for d in raw[5 * i: 5 * i + 5])
+            if "cuts" not in meta:
+                continue
+            cuts = np.asarray(orjson.loads(meta["cuts"]), dtype=float)
+            k = cuts.size + 1
+            out.append(ChunkState(
+                t, cuts, _vec(N, k), _vec(n, k), _vec(h, k), int(meta.get("round", 0)),
+                int(meta.get("evaluated_round", 0)), int(meta.get("streak", 0)), meta.get("status", "open"),
+                {int(a): int(b) for a, b in rep.items()},
+                float(meta.get("min", "nan")), float(meta.get("max", "nan")),
+            ))
+        return out
+
+    async def chunk_histogram(self, cid: str, t: int) -> dict[int, int]:
+        raw = await self.redis.hgetall(f"{self.keys.chunk(cid, t)}:hist")
+        return {int(k): int(v) for k, v in raw.items()}
+
+    async def classifier_summary(self, cid: str) -> dict:
+        stem = self.keys.classifier(cid)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(f"{stem}:meta")
+        pipe.hgetall(f"{stem}:counters")
+        pipe.zcard(f"{stem}:pending")
+        meta, counters, pending = await pipe.execute()
+        dec = lambda d: {k.decode(): v.decode() for k, v in d.items()}  # noqa: E731
+        return {"meta": dec(meta), "counters": dec(counters), "pending": int(pending)}
+
+    async def invalid_counts(self) -> dict[tuple[str, str], int]:
+        raw = await self.redis.hgetall(self.keys.invalid)
+        out = {}
+        for k, v in raw.items():
+            topic, _, reason = k.decode().partition("|")
+            out[(topic, reason)] = int(v)
+        return out
