@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .estimator import bennett_smoothed
+from .estimator import bennett_smoothed, half_label_smoothed
 
 ALLOCATIONS: tuple[str, ...] = ("opt_track", "opt", "opt_a2", "opt_conf", "pps", "uni", "random")
 DEFAULT_ALLOCATION = "opt_track"
@@ -156,7 +156,7 @@ def allocate_opt_track(N, n, h, q, D, with_replacement=True) -> np.ndarray:
     else:
         fill = np.zeros(shape[:-1], dtype=bool)
         warm = np.zeros(shape, dtype=np.int64)
-    shares = np.broadcast_to(neyman_shares(N, pseudo_smoothed(n, h, q)), shape)
+    shares = np.broadcast_to(neyman_shares(N, half_label_smoothed(n, h)), shape)
     tracked = _track(shares, n, D)
     alloc = np.where(fill[..., None], warm, tracked)
     return _cap(alloc, N, n, with_replacement)

@@ -126,6 +126,62 @@ def bennett_smoothed(n, h) -> np.ndarray:
     return (h + m / 2.0) / (n + m)
 
 
+def half_label_smoothed(n, h) -> np.ndarray:
+    """``(h + 1/2) / (n + 1)``: each stratum proportion shrunk half a label toward
+    1/2 (the Krichevsky-Trofimov / Jeffreys-posterior-mean estimate).
+
+    Used for the variance inside `wilson_interval` (a stratum whose few labels
+    all agree must not contribute zero variance, the reason Wilson beats Wald)
+    and, so that the allocation minimises exactly the variance the stopping
+    rule tests, for sigma_k in the default allocation ``opt_track``.
+    """
+    n = np.asarray(n, dtype=float)
+    h = np.asarray(h, dtype=float)
+    return (h + 0.5) / (n + 1.0)
+
+
+def adaptive_bias_corrected(N, n, h, var=None) -> np.ndarray:
+    """Stratified estimate with the first-order bias of data-dependent ``n_k`` removed.
+
+    With adaptive (Neyman-tracking) allocation and a variance-based stopping
+    rule, ``n_k`` depends on the stratum's own labels, and the plain mean
+    ``p_k = h_k/n_k`` is biased: by Wald's identity ``E[n_k (p_k - P_k)] = 0``,
+    so ``E[p_k] - P_k = -Cov(n_k, p_k) / E[n_k]`` (Wald 1945).  To first order
+    (delta method) ``Cov(n_k, p_k) / n_k = (d log n_k / d p_k) Var(p_k)`` with
+    two sources of ``d log n_k / d p_k``:
+
+    * the allocation (``opt_track`` tracks ``n_k ~ N_k sigma(pbar_k)`` with
+      ``pbar_k = (h_k + 1/2)/(n_k + 1)``):  ``g_k n_k/(n_k+1)`` where
+      ``g_k = d log sigma / d p = (1 - 2 pbar_k) / (2 pbar_k (1 - pbar_k))``;
+    * the stopping rule (``n`` grows until ``v`` falls below a target, so
+      ``log n`` moves with ``log v``): ``W_k^2 (1 - 2 pbar_k) / (n_k v)``.
+
+    With the plug-in ``Var(p_k) = p_k (1 - p_k) / n_k`` the correction is zero
+    for a pure stratum (whose sample size cannot depend on a variation it has
+    not shown) and of order ``1/n_k``.  Measured on the built-in populations
+    (4000 runs) it removes the +0.1..+0.3 sd bias that made the default design
+    miss the target InConf near precision 1; for non-adaptive designs it is an
+    O(1/n) shift (the stopping-rule part still applies to them).
+    `stratified_estimate` stays the plain, unbiased-for-fixed-n estimator.
+    """
+    N, n, h = _as_counts(N, n, h)
+    W = weights(N)
+    base = stratified_estimate(N, n, h)
+    if var is None:
+        var = stratified_variance(N, n, h, p_var=half_label_smoothed(n, h))
+    pbar = half_label_smoothed(n, h)
+    p_k = h / np.maximum(n, 1.0)
+    var_k = p_k * (1.0 - p_k) / np.maximum(n, 1.0)
+    g = (1.0 - 2.0 * pbar) / (2.0 * pbar * (1.0 - pbar))
+    v = np.asarray(var, dtype=float)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stop_slope = np.where(np.isfinite(v) & (v > 0),
+                              W**2 * (1.0 - 2.0 * pbar) / (np.maximum(n, 1.0) * v), 0.0)
+    shift = (g * n / (n + 1.0) + stop_slope) * var_k
+    est = np.sum(W * np.clip(p_k + shift, 0.0, 1.0), axis=-1)
+    return np.where(np.isfinite(base), est, np.nan)
+
+
 def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Interval:
     """Wilson score interval with the design-effect effective sample size.
 
@@ -147,9 +203,9 @@ def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Inte
     """
     N, n, h = _as_counts(N, n, h)
     z = z_value(confidence)
-    est = stratified_estimate(N, n, h)
-    p_var = (h + 0.5) / (n + 1.0)
+    p_var = half_label_smoothed(n, h)
     var = stratified_variance(N, n, h, fpc=fpc, p_var=p_var)
+    est = adaptive_bias_corrected(N, n, h, var)
     p = np.clip(est, 0.0, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         n_eff = np.where(var > 0, np.maximum(p * (1 - p), 1e-300) / var, np.inf)
