@@ -59,7 +59,7 @@ async def route(service, method: str, path: str) -> bytes:
         doc = await views.classifier_view(service.store, cid, service.settings.for_classifier(cid))
         if doc is None:
             return _error(404, f"unknown classifier {cid!r}")
-        return _response(200, orjson.dumps(doc))
+        return _response(200, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY, default=float))
     return _error(404, "not found")
 
 
@@ -74,7 +74,7 @@ async def serve(service, host: str, port: int) -> asyncio.base_events.Server:
                 try:
                     writer.write(await route(service, method, path))
                 except Exception as exc:  # noqa: BLE001 - e.g. Redis down during a scrape
-                    log.warning("request failed", extra={"path": path, "error": repr(exc)})
+                    log.warning("request %s failed: %r", path, exc)
                     writer.write(_error(503, "state store unavailable"))
             await writer.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,

@@ -32,7 +32,7 @@ def chunk_view(cs: ChunkState, chunk_seconds: int, confidence: float) -> dict:
         strata.append({
             "stratum": k, "lower_score": _num(lower_edges[k]), "upper_score": _num(upper_edges[k]),
             "items": int(cs.N[k]), "labels": int(cs.n[k]), "positives": int(cs.h[k]),
-            "precision": (cs.h[k] / cs.n[k]) if cs.n[k] else None,
+            "precision": float(cs.h[k] / cs.n[k]) if cs.n[k] else None,
         })
     ok = iv is not None and iv.lower == iv.lower  # not NaN
     return {

@@ -167,7 +167,7 @@ class Service:
                 return True
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 self.redis_ok_at = 0.0
-                log.warning("redis unavailable; retrying batch", extra={"error": repr(exc), "partition": tp.partition})
+                log.warning("redis unavailable; retrying batch: %r", exc)
                 try:
                     await asyncio.wait_for(self.stopping.wait(), backoff)
                     return False

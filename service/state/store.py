@@ -99,7 +99,7 @@ class Store:
         """
         pipe = self.redis.pipeline(transaction=False)
         for cid, part, expected, new, payload in calls:
-            self._scripts["INGEST"](keys=[self.keys.classifier(cid)], args=[part, expected, new, payload], client=pipe)
+            await self._scripts["INGEST"](keys=[self.keys.classifier(cid)], args=[part, expected, new, payload], client=pipe)
         for cid, *_ in calls:
             pipe.sadd(self.keys.classifiers, cid)
         res = (await pipe.execute())[: len(calls)]
@@ -122,7 +122,7 @@ class Store:
         """LABEL for (cid, partition, offset, request_token, label, now_ms, labeler) in one pipeline."""
         pipe = self.redis.pipeline(transaction=False)
         for cid, part, off, rid, label, now_ms, labeler in calls:
-            self._scripts["LABEL"](keys=[self.keys.classifier(cid)],
+            await self._scripts["LABEL"](keys=[self.keys.classifier(cid)],
                                    args=[part, off, rid, label, now_ms, labeler], client=pipe)
         return [[x.decode() if isinstance(x, bytes) else x for x in r] for r in await pipe.execute()]
 

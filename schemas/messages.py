@@ -1,0 +1,329 @@
+"""stratameter's wire contract: topics, message models, limits and reject codes.
+
+This module is the single source of the contract; the README documents the
+models from here (``Model.model_json_schema()``).  Four topics::
+
+    stratameter.scores          in   ScoreRecord    one classifier decision per record
+    stratameter.label-requests  out  LabelRequest   an item to be labelled (key = classifier_id)
+    stratameter.labels          in   LabelRecord    the answer to a LabelRequest
+    stratameter.dead-letter     out  DeadLetter     an input record that was rejected
+
+Values are UTF-8 JSON objects.  Unknown fields are ignored (producers may add
+their own), and ``null`` for an optional field means the same as leaving it
+out.  Times are RFC 3339 strings with a ``Z`` or ``+hh:mm`` offset (naive
+times are rejected) or epoch milliseconds as a JSON number.
+
+The pydantic models are for documentation, JSON schema, outbound
+serialization and tests.  The consumers' hot path does not build them: it uses
+the batch parsers in `schemas.parse`, which apply exactly the rules below
+(the tests check the two against each other) and report every rejected record
+with one of the `REJECT_REASONS` codes.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Annotated, Any
+
+import orjson
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    field_validator,
+)
+
+# --------------------------------------------------------------------------- topics
+
+TOPIC_SCORES = "stratameter.scores"
+TOPIC_LABEL_REQUESTS = "stratameter.label-requests"
+TOPIC_LABELS = "stratameter.labels"
+TOPIC_DEAD_LETTER = "stratameter.dead-letter"
+
+# --------------------------------------------------------------------------- limits
+
+#: classifier ids: 1-128 characters of this set (they end up in Redis keys and metric labels).
+CLASSIFIER_ID_CHARS = "A-Za-z0-9._:-"
+MAX_CLASSIFIER_ID_CHARS = 128
+CLASSIFIER_ID_PATTERN = rf"^[{CLASSIFIER_ID_CHARS}]{{1,{MAX_CLASSIFIER_ID_CHARS}}}$"
+CLASSIFIER_ID_RE = re.compile(rf"[{CLASSIFIER_ID_CHARS}]{{1,{MAX_CLASSIFIER_ID_CHARS}}}")  # use .fullmatch
+MAX_ITEM_ID_CHARS = 512
+MAX_REQUEST_ID_CHARS = 256
+MAX_LABELER_ID_CHARS = 256
+#: a score record's context, serialized compactly (orjson), may not exceed this.
+MAX_CONTEXT_BYTES = 8 * 1024
+#: input records larger than this are rejected as ``too_large`` without being parsed.
+MAX_RECORD_BYTES = 64 * 1024
+#: a dead letter carries at most this much of the original value (and flags ``truncated``).
+MAX_DEAD_LETTER_ORIGINAL_BYTES = 64 * 1024
+MAX_DEAD_LETTER_KEY_BYTES = 1024
+MAX_DEAD_LETTER_DETAIL_BYTES = 1024
+
+#: epoch milliseconds accepted for event_time / labeled_at: years 0001 to 9999 UTC.
+MIN_EPOCH_MS = -62_135_596_800_000
+MAX_EPOCH_MS = 253_402_300_799_999
+
+# --------------------------------------------------------------------------- reject reasons
+
+#: Reject / dead-letter reason codes.  ``<field>`` stands for the field name,
+#: e.g. ``missing_field:score``.  The last four are decided by the service
+#: (label bookkeeping), not by the parsers.
+REJECT_REASONS: dict[str, str] = {
+    "tombstone": "the value is null (a Kafka tombstone) or empty",
+    "too_large": f"the value is larger than the record limit ({MAX_RECORD_BYTES} bytes by default); not parsed",
+    "invalid_json": "the value is not valid UTF-8 JSON",
+    "not_object": "the value is valid JSON but not a JSON object",
+    "missing_field:<field>": "a required field is absent (or null where null is not allowed)",
+    "wrong_type:<field>": "a field has the wrong JSON type (a string or boolean where a number is expected, ...)",
+    "not_finite:score": "the score is NaN, +-Infinity, or outside the double range (e.g. 1e999)",
+    "bad_classifier_id": f"classifier_id is not 1-{MAX_CLASSIFIER_ID_CHARS} characters of [{CLASSIFIER_ID_CHARS}]",
+    "bad_item_id": f"item_id is empty or longer than {MAX_ITEM_ID_CHARS} characters",
+    "bad_event_time": "event_time is neither an RFC 3339 time with offset nor finite epoch milliseconds in years 1-9999",
+    "context_too_large": f"context is larger than {MAX_CONTEXT_BYTES} bytes serialized compactly (or nests too deeply)",
+    "bad_request_id": f"request_id is empty or longer than {MAX_REQUEST_ID_CHARS} characters",
+    "bad_labeler_id": f"labeler_id is longer than {MAX_LABELER_ID_CHARS} characters",
+    "bad_labeled_at": "labeled_at is neither an RFC 3339 time with offset nor finite epoch milliseconds in years 1-9999",
+    "unknown_request": "a label for a request_id the service never issued (or already forgot)",
+    "duplicate": "a second label for a request that was already answered",
+    "expired": "a label that arrived after the request's expires_at",
+    "wrong_classifier": "a label whose request belongs to another classifier than the one it claims",
+}
+
+# --------------------------------------------------------------------------- times
+
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MS = timedelta(milliseconds=1)
+# RFC 3339 date-time (section 5.6); "T"/"t"/" " separator, fraction of any length, Z or offset.
+_RFC3339 = (r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+            r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))")
+_RFC3339_RE = re.compile(_RFC3339)
+_RFC3339_SHAPE = re.compile(  # the same without groups (faster), for the fromisoformat path
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})")
+
+
+def rfc3339_to_ms(text: str) -> int | None:
+    """Epoch milliseconds (floored) of an RFC 3339 date-time, or None if it is not one.
+
+    The offset (``Z`` or ``+hh:mm``) is required: a naive time is not RFC 3339.
+    A leap second (``:60``) counts as the next second.  Years 1-9999 (UTC).
+    """
+    if _RFC3339_SHAPE.fullmatch(text) is None:
+        return None
+    if text[-1] not in "Zz" and (text[-2] > "5" or text[-5:-3] > "23"):
+        return None  # offset minutes > 59 or hours > 23 (fromisoformat would take them)
+    try:
+        ms = (datetime.fromisoformat(text) - _EPOCH_UTC) // _MS
+    except (ValueError, OverflowError):  # lower-case "z", a leap second, or truly invalid
+        return _rfc3339_to_ms_by_parts(text)
+    return ms if MIN_EPOCH_MS <= ms <= MAX_EPOCH_MS else None
+
+
+def _rfc3339_to_ms_by_parts(text: str) -> int | None:
+    """`rfc3339_to_ms` without `datetime.fromisoformat` (the reference; also the slow path)."""
+    m = _RFC3339_RE.fullmatch(text)
+    if m is None:
+        return None
+    year, month, day, hour, minute, second, frac, z, sign, off_h, off_m = m.groups()
+    sec = int(second)
+    if sec > 60 or int(off_h or 0) > 23 or int(off_m or 0) > 59:
+        return None
+    try:
+        naive = datetime(int(year), int(month), int(day), int(hour), int(minute), min(sec, 59))
+    except ValueError:
+        return None
+    ms = (naive - _EPOCH) // _MS + (1000 if sec == 60 else 0)
+    if frac:
+        ms += int(frac[:3].ljust(3, "0"))
+    if not z:
+        offset = (int(off_h) * 60 + int(off_m)) * 60_000
+        ms += -offset if sign == "+" else offset
+    return ms if MIN_EPOCH_MS <= ms <= MAX_EPOCH_MS else None
+
+
+def time_to_ms(value: Any) -> int | None:
+    """Epoch ms of a wire time (RFC 3339 string or epoch ms number), None if invalid.
+
+    Booleans, NaN, infinities and numbers outside years 1-9999 are invalid.
+    """
+    t = type(value)
+    if t is int:
+        return value if MIN_EPOCH_MS <= value <= MAX_EPOCH_MS else None
+    if t is float:
+        # NaN fails both comparisons
+        return int(value // 1) if MIN_EPOCH_MS <= value <= MAX_EPOCH_MS else None
+    if t is str:
+        return rfc3339_to_ms(value)
+    return None
+
+
+def format_time(ms: int) -> str:
+    """RFC 3339 UTC string with millisecond precision: ``2024-06-10T08:13:20.000Z``."""
+    d = _EPOCH + timedelta(milliseconds=int(ms))
+    return (
+        f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"
+        f".{d.microsecond // 1000:03d}Z"
+    )
+
+
+def to_epoch_ms(t: datetime | float | int) -> int:
+    """Epoch ms of a `datetime` (naive = UTC) or of epoch *seconds* (as from `time.time()`)."""
+    if isinstance(t, datetime):
+        if t.tzinfo is not None:
+            t = t.astimezone(timezone.utc).replace(tzinfo=None)
+        return (t - _EPOCH) // _MS
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"expected a datetime or epoch seconds, got {type(t).__name__}")
+    return int((t * 1000) // 1)
+
+
+# --------------------------------------------------------------------------- field types
+
+
+def _check_time(value: Any) -> Any:
+    if time_to_ms(value) is None:
+        raise ValueError("must be an RFC 3339 date-time with offset (e.g. 2024-06-10T08:13:20Z) "
+                         "or epoch milliseconds in years 1-9999")
+    return value
+
+
+def _check_context(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        size = len(orjson.dumps(value))
+    except orjson.JSONEncodeError as exc:
+        raise ValueError(f"context cannot be serialized: {exc}") from None
+    if size > MAX_CONTEXT_BYTES:
+        raise ValueError(f"context is {size} bytes serialized, more than {MAX_CONTEXT_BYTES}")
+    return value
+
+
+ClassifierId = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=MAX_CLASSIFIER_ID_CHARS, pattern=CLASSIFIER_ID_PATTERN),
+    Field(description=f"1-{MAX_CLASSIFIER_ID_CHARS} characters of [{CLASSIFIER_ID_CHARS}]",
+          examples=["fraud-v3"]),
+]
+ItemId = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=MAX_ITEM_ID_CHARS),
+    Field(description=f"the classified item, 1-{MAX_ITEM_ID_CHARS} characters", examples=["txn-000123"]),
+]
+FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+#: A wire time: RFC 3339 string with offset, or epoch milliseconds.
+WireTime = Annotated[
+    Annotated[StrictStr, Field(json_schema_extra={"format": "date-time"})] | StrictInt | FiniteNumber,
+    AfterValidator(_check_time),
+]
+UtcTime = Annotated[
+    StrictStr,
+    Field(json_schema_extra={"format": "date-time"}, examples=["2024-06-10T08:13:20.000Z"],
+          description="RFC 3339, UTC, millisecond precision"),
+]
+Context = Annotated[
+    dict[str, Any] | None,
+    AfterValidator(_check_context),
+    Field(description=f"free-form JSON object carried into label requests, at most "
+                      f"{MAX_CONTEXT_BYTES} bytes serialized compactly"),
+]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class ScoreRecord(_Message):
+    """One classifier decision, consumed from ``stratameter.scores`` (the Kafka key is not used)."""
+
+    classifier_id: ClassifierId
+    item_id: ItemId
+    score: FiniteNumber = Field(
+        description="the classifier's score: a finite JSON number, any range (probability, logit, margin); "
+                    "strings and booleans are rejected", examples=[0.87])
+    predicted_positive: StrictBool | None = Field(
+        default=None,
+        description="the classifier's decision; when present it wins over the threshold (both ways); "
+                    "when absent the decision is score >= threshold of the classifier")
+    event_time: WireTime | None = Field(
+        default=None,
+        description="when the decision was made: RFC 3339 with offset or epoch milliseconds; "
+                    "default: the Kafka record timestamp", examples=["2024-06-10T08:13:20Z", 1718007200000])
+    context: Context = None
+
+    def is_positive(self, threshold: float) -> bool:
+        """The resolved decision: `predicted_positive` if given, else ``score >= threshold``."""
+        return self.score >= threshold if self.predicted_positive is None else self.predicted_positive
+
+    def event_time_ms(self, default_ms: int) -> int:
+        """`event_time` in epoch ms, `default_ms` (the Kafka timestamp) if absent."""
+        return default_ms if self.event_time is None else time_to_ms(self.event_time)  # type: ignore[return-value]
+
+
+class LabelRequest(_Message):
+    """An item to be labelled, produced to ``stratameter.label-requests`` with key = classifier_id."""
+
+    request_id: StrictStr = Field(description="opaque id to quote in the LabelRecord",
+                                  max_length=MAX_REQUEST_ID_CHARS)
+    classifier_id: ClassifierId
+    item_id: ItemId
+    score: FiniteNumber
+    stratum: StrictInt = Field(ge=0, description="score stratum, 0 = lowest scores")
+    requested_at: UtcTime
+    expires_at: UtcTime = Field(description="labels arriving later are rejected as `expired`")
+    context: Context = Field(description="the score record's context, or null")
+
+
+class LabelRecord(_Message):
+    """A human (or oracle) label, consumed from ``stratameter.labels``."""
+
+    request_id: Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_REQUEST_ID_CHARS)] = Field(
+        description="the LabelRequest's request_id")
+    label: StrictBool | None = Field(
+        description="true = the item really is positive, false = it is not, null = skipped "
+                    "(the labeller could not tell); the field itself is required")
+    labeler_id: Annotated[StrictStr, StringConstraints(max_length=MAX_LABELER_ID_CHARS)] | None = None
+    labeled_at: WireTime | None = Field(
+        default=None, description="RFC 3339 with offset or epoch milliseconds; default: the Kafka record timestamp")
+
+
+class DeadLetter(_Message):
+    """A rejected input record, produced to ``stratameter.dead-letter``."""
+
+    original: StrictStr | None = Field(
+        description=f"base64 of the original value bytes (at most the first {MAX_DEAD_LETTER_ORIGINAL_BYTES} "
+                    "bytes), null for a tombstone")
+    key: StrictStr | None = Field(
+        description=f"base64 of the original key (at most {MAX_DEAD_LETTER_KEY_BYTES} bytes), null if none")
+    topic: StrictStr
+    partition: StrictInt
+    offset: StrictInt
+    reason: StrictStr = Field(description="machine code, see REJECT_REASONS", examples=["wrong_type:score"])
+    detail: StrictStr = Field(description=f"human-readable, names the field; at most {MAX_DEAD_LETTER_DETAIL_BYTES} bytes")
+    rejected_at: UtcTime
+    truncated: StrictBool = Field(default=False, description="original or key was cut to its limit")
+
+    @field_validator("detail")
+    @classmethod
+    def _short_detail(cls, v: str) -> str:
+        if len(v.encode()) > MAX_DEAD_LETTER_DETAIL_BYTES:
+            raise ValueError(f"detail is longer than {MAX_DEAD_LETTER_DETAIL_BYTES} bytes")
+        return v
+
+
+#: topic -> message model
+MESSAGES: dict[str, type[BaseModel]] = {
+    TOPIC_SCORES: ScoreRecord,
+    TOPIC_LABEL_REQUESTS: LabelRequest,
+    TOPIC_LABELS: LabelRecord,
+    TOPIC_DEAD_LETTER: DeadLetter,
+}

@@ -1,0 +1,583 @@
+"""Fast batch parsers and serializers for the wire contract (the consumers' hot path).
+
+`parse_scores` and `parse_labels` turn a poll's worth of Kafka values into
+columns (numpy arrays and lists) plus a list of `Reject`\\ s, applying the rules
+of the models in `schemas.messages` without building a model per record: one
+``orjson.loads`` per record and plain type checks.  They never raise on record
+content; every input index ends up either in ``batch.index`` or in a reject.
+
+A record that orjson cannot parse is parsed again by the standard library
+(slow path, only for bad records) so that e.g. ``"score": 1e999`` or
+``"score": NaN`` is reported as ``not_finite:score`` rather than as a generic
+``invalid_json``; it is rejected either way.
+
+`label_request_bytes` and `dead_letter_record` serialize the outbound
+messages with orjson.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+
+from .messages import (
+    CLASSIFIER_ID_CHARS,
+    CLASSIFIER_ID_RE,
+    MAX_CLASSIFIER_ID_CHARS,
+    MAX_CONTEXT_BYTES,
+    MAX_DEAD_LETTER_DETAIL_BYTES,
+    MAX_DEAD_LETTER_KEY_BYTES,
+    MAX_DEAD_LETTER_ORIGINAL_BYTES,
+    MAX_ITEM_ID_CHARS,
+    MAX_LABELER_ID_CHARS,
+    MAX_RECORD_BYTES,
+    MAX_REQUEST_ID_CHARS,
+    MAX_EPOCH_MS,
+    MIN_EPOCH_MS,
+    format_time,
+    time_to_ms,
+    to_epoch_ms,
+)
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "LabelBatch",
+    "Reject",
+    "ScoreBatch",
+    "dead_letter_record",
+    "label_request_bytes",
+    "parse_labels",
+    "parse_scores",
+]
+
+#: threshold for classifiers missing from a `threshold_for` mapping
+DEFAULT_THRESHOLD = 0.5
+
+_MISSING = object()
+_SCORE_REQUIRED = itemgetter("classifier_id", "item_id", "score")
+_LABEL_REQUIRED = itemgetter("request_id", "label")
+
+
+class Reject(NamedTuple):
+    """A rejected input record: its position in the batch, a reason code, a message."""
+
+    index: int
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ScoreBatch:
+    """Accepted score records as columns; row ``j`` came from input position ``index[j]``."""
+
+    index: np.ndarray                   # int64
+    classifier_id: list[str]
+    item_id: list[str]
+    score: np.ndarray                   # float64, finite
+    predicted_positive: np.ndarray      # bool, resolved against the classifier's threshold
+    event_time_ms: np.ndarray           # int64
+    context: list[bytes | None]         # compact JSON object bytes, or None
+
+    def __len__(self) -> int:
+        return len(self.classifier_id)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LabelBatch:
+    """Accepted label records as columns; row ``j`` came from input position ``index[j]``."""
+
+    index: np.ndarray                   # int64
+    request_id: list[str]
+    label: list[bool | None]            # None = skipped
+    labeler_id: list[str | None]
+    labeled_at_ms: np.ndarray           # int64
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+
+# --------------------------------------------------------------------------- helpers
+
+_JSON_TYPES = {str: "string", bool: "boolean", int: "number", float: "number", type(None): "null",
+               list: "array", dict: "object"}
+
+
+def _jtype(x: Any) -> str:
+    return _JSON_TYPES.get(type(x), type(x).__name__)
+
+
+def _show(x: Any, limit: int = 80) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _threshold_resolver(threshold_for: Callable[[str], float] | Mapping[str, float] | float
+                        ) -> Callable[[str], float]:
+    if callable(threshold_for):
+        return threshold_for
+    if isinstance(threshold_for, Mapping):
+        mapping = threshold_for
+
+        def lookup(cid: str) -> float:
+            try:
+                return mapping[cid]
+            except KeyError:
+                return DEFAULT_THRESHOLD
+        return lookup
+    if isinstance(threshold_for, bool) or not isinstance(threshold_for, (int, float)):
+        raise TypeError(f"threshold_for must be a callable, a mapping or a number, got {type(threshold_for).__name__}")
+    value = float(threshold_for)
+    return lambda cid: value
+
+
+def _precheck(value: Any, max_bytes: int) -> tuple[str, str] | None:
+    """Reason for a value that is not parsed at all (tombstone, too large), else None."""
+    if value is None:
+        return "tombstone", "the value is null (tombstone)"
+    if not value:
+        return "tombstone", "the value is empty"
+    if len(value) > max_bytes:
+        return "too_large", f"the value is {len(value)} bytes, more than the limit of {max_bytes}"
+    return None
+
+
+def _loads_slow(value: Any, exc: Exception) -> tuple[Any, tuple[str, str] | None]:
+    """After orjson failed: the standard library's reading (it accepts NaN, Infinity, 1e999 -> inf)
+    so that the field checks can name the culprit; `invalid_json` if that fails too."""
+    invalid = ("invalid_json", f"the value is not valid JSON: {_show(str(exc), 200)}")
+    try:
+        return json.loads(value), invalid
+    except Exception:  # ValueError, UnicodeDecodeError, RecursionError, ...
+        return _MISSING, invalid
+
+
+def _bad_time(x: Any, field: str) -> str:
+    if type(x) is str:
+        return (f"{field}: {_show(x)} is not an RFC 3339 date-time with offset "
+                "(e.g. 2024-06-10T08:13:20Z or 2024-06-10T10:13:20+02:00)")
+    if type(x) in (int, float):
+        return f"{field}: {_show(x)} epoch milliseconds is outside years 1-9999 or not finite"
+    return f"{field}: expected an RFC 3339 string or epoch milliseconds, got {_jtype(x)}"
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def _absent(r: dict, field: str, expected: str) -> tuple[str, str]:
+    """The reject for a required field that is None: missing, or present as null."""
+    if field in r:
+        return f"wrong_type:{field}", f"{field}: expected {expected}, got null"
+    return f"missing_field:{field}", f"{field}: required"
+
+
+def _check_classifier_id(r: dict) -> tuple[str, str] | None:
+    cid = r.get("classifier_id")
+    if cid is None:
+        return _absent(r, "classifier_id", "a string")
+    if type(cid) is not str:
+        return "wrong_type:classifier_id", f"classifier_id: expected a string, got {_jtype(cid)}"
+    if len(cid) > MAX_CLASSIFIER_ID_CHARS or CLASSIFIER_ID_RE.fullmatch(cid) is None:
+        return ("bad_classifier_id", f"classifier_id: {_show(cid)} is not 1-{MAX_CLASSIFIER_ID_CHARS} "
+                f"characters of [{CLASSIFIER_ID_CHARS}]")
+    return None
+
+
+def _score_row(r: Any, ts: int, threshold: Callable[[str], float]) -> tuple | tuple[str, str]:
+    """The full rule set for one parsed score record.
+
+    Returns ``(reason, detail)`` for a reject, else the 6-tuple row
+    ``(classifier_id, item_id, score, predicted_positive, event_time_ms, context_bytes)``.
+    This is the reference; the loop in `parse_scores` only inlines its common case.
+    """
+    if type(r) is not dict:
+        return "not_object", f"the value is a JSON {_jtype(r)}, not an object"
+    bad = _check_classifier_id(r)
+    if bad:
+        return bad
+    cid = r["classifier_id"]
+    item = r.get("item_id")
+    if item is None:
+        return _absent(r, "item_id", "a string")
+    if type(item) is not str:
+        return "wrong_type:item_id", f"item_id: expected a string, got {_jtype(item)}"
+    if not 0 < len(item) <= MAX_ITEM_ID_CHARS:
+        return "bad_item_id", f"item_id: {len(item)} characters, must be 1-{MAX_ITEM_ID_CHARS}"
+    s = r.get("score")
+    if s is None:
+        return _absent(r, "score", "a number")
+    if type(s) is int:
+        try:
+            s = float(s)
+        except OverflowError:
+            return "not_finite:score", "score: the number is outside the double range"
+    elif type(s) is not float:
+        return "wrong_type:score", f"score: expected a number, got {_jtype(s)}"
+    if s - s != 0.0:
+        return "not_finite:score", f"score: {s!r} is not finite (outside the double range or NaN)"
+    pp = r.get("predicted_positive")
+    if pp is None:
+        pp = s >= threshold(cid)
+    elif type(pp) is not bool:
+        return "wrong_type:predicted_positive", f"predicted_positive: expected a boolean, got {_jtype(pp)}"
+    et = r.get("event_time")
+    if et is None:
+        et = ts
+    else:
+        ms = time_to_ms(et)
+        if ms is None:
+            return "bad_event_time", _bad_time(et, "event_time")
+        et = ms
+    ctx = r.get("context")
+    if ctx is not None:
+        if type(ctx) is not dict:
+            return "wrong_type:context", f"context: expected an object, got {_jtype(ctx)}"
+        try:
+            ctx = orjson.dumps(ctx)
+        except orjson.JSONEncodeError as exc:
+            return "context_too_large", f"context: cannot be serialized ({exc})"
+        if len(ctx) > MAX_CONTEXT_BYTES:
+            return "context_too_large", f"context: {len(ctx)} bytes serialized, more than {MAX_CONTEXT_BYTES}"
+    return cid, item, s, pp, et, ctx
+
+
+def parse_scores(
+    values: Sequence[bytes | None],
+    timestamps_ms: Sequence[int],
+    threshold_for: Callable[[str], float] | Mapping[str, float] | float = DEFAULT_THRESHOLD,
+    max_bytes: int = MAX_RECORD_BYTES,
+) -> tuple[ScoreBatch, list[Reject]]:
+    """Parse a batch of ``stratameter.scores`` values (see `schemas.messages.ScoreRecord`).
+
+    `timestamps_ms` are the Kafka record timestamps (the default event time).
+    `threshold_for` gives a classifier's decision threshold, used when a record
+    has no ``predicted_positive``: a callable ``classifier_id -> threshold``
+    (called once per classifier per batch), a mapping (classifiers not in it
+    use `DEFAULT_THRESHOLD`), or one number for all.
+
+    Returns the accepted records as a `ScoreBatch` (in input order) and the
+    others as `Reject`\\ s (in input order); together they cover every input
+    position exactly once.
+    """
+    n = len(values)
+    if len(timestamps_ms) != n:
+        raise ValueError(f"{n} values but {len(timestamps_ms)} timestamps")
+    resolve = _threshold_resolver(threshold_for)
+    thresholds: dict[str, float] = {}   # valid classifier ids seen in this batch -> threshold
+
+    def threshold(cid: str) -> float:
+        thr = thresholds.get(cid)
+        if thr is None:
+            thr = thresholds[cid] = float(resolve(cid))
+        return thr
+
+    # Fast path: accepts exactly the valid records (the rules of `_score_row`,
+    # inlined); everything else is only noted in `bad` and diagnosed below.
+    # Accepted rows go flat into one list of untracked objects (str, float,
+    # bool, int, bytes): no per-record containers for the garbage collector.
+    flat: list[Any] = []
+    ext = flat.extend
+    bad: list[int] = []
+    note = bad.append
+    loads = orjson.loads
+    dumps = orjson.dumps
+    required = _SCORE_REQUIRED
+    valid_id = CLASSIFIER_ID_RE.fullmatch
+    lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
+    for i, v, ts in zip(range(n), values, timestamps_ms):
+        if not v or len(v) > max_bytes:
+            note(i)
+            continue
+        try:
+            r = loads(v)
+            cid, item, s = required(r)
+        except Exception:  # invalid JSON, not an object, a required field missing
+            note(i)
+            continue
+        thr = thresholds.get(cid) if type(cid) is str else None
+        if thr is None and type(cid) is str and len(cid) <= MAX_CLASSIFIER_ID_CHARS and valid_id(cid):
+            thr = threshold(cid)
+        if (thr is not None and type(item) is str and 0 < len(item) <= MAX_ITEM_ID_CHARS
+                and (type(s) is float and s - s == 0.0 or type(s) is int)):
+            if len(r) == 3:  # no optional fields
+                ext((cid, item, s, s >= thr, ts, None))
+                continue
+            pp = r.get("predicted_positive")
+            if pp is None:
+                pp = s >= thr
+            et = r.get("event_time")
+            if et is None:
+                et = ts
+            elif type(et) is not int or not lo <= et <= hi:
+                et = time_to_ms(et)
+            ctx = r.get("context")
+            if type(ctx) is dict:
+                try:
+                    ctx = dumps(ctx)
+                except orjson.JSONEncodeError:
+                    ctx = 0
+            if (type(pp) is bool and et is not None
+                    and (ctx is None or type(ctx) is bytes and len(ctx) <= MAX_CONTEXT_BYTES)):
+                ext((cid, item, s, pp, et, ctx))
+                continue
+        note(i)
+
+    rejects: list[Reject] = []
+    late: list[tuple] = []   # valid records the fast path passed over (none expected)
+    for i in bad:
+        out = _diagnose(values[i], max_bytes, lambda r, i=i: _score_row(r, timestamps_ms[i], threshold))
+        if len(out) == 2:
+            rejects.append(Reject(i, *out))
+        else:
+            late.append((i, *out))
+    index = _accepted_index(n, bad)
+    if late:
+        index, flat = _merge_late(index, flat, late, 6)
+    batch = ScoreBatch(
+        index=index,
+        classifier_id=flat[0::6],
+        item_id=flat[1::6],
+        score=np.array(flat[2::6], dtype=np.float64),
+        predicted_positive=np.array(flat[3::6], dtype=np.bool_),
+        event_time_ms=np.array(flat[4::6], dtype=np.int64),
+        context=flat[5::6],
+    )
+    return batch, rejects
+
+
+def _diagnose(value: Any, max_bytes: int, check: Callable[[Any], tuple]) -> tuple:
+    """The reference verdict on one raw value: ``(reason, detail)`` or a row from `check`."""
+    early = _precheck(value, max_bytes)
+    if early:
+        return early
+    try:
+        r = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        r, invalid = _loads_slow(value, exc)
+        if r is _MISSING:
+            return invalid
+        out = check(r)
+        return out if len(out) == 2 else invalid
+    return check(r)
+
+
+def _accepted_index(n: int, bad: list[int]) -> np.ndarray:
+    if not bad:
+        return np.arange(n, dtype=np.int64)
+    keep = np.ones(n, dtype=np.bool_)
+    keep[bad] = False
+    return np.flatnonzero(keep).astype(np.int64, copy=False)
+
+
+def _merge_late(index: np.ndarray, flat: list[Any], late: list[tuple], width: int
+                ) -> tuple[np.ndarray, list[Any]]:
+    """Add rows accepted by the reference check to the fast path's, in input order."""
+    rows = [flat[j * width:(j + 1) * width] for j in range(len(index))]
+    pairs = sorted([*zip(index.tolist(), rows), *((t[0], list(t[1:])) for t in late)], key=lambda p: p[0])
+    merged = np.array([p[0] for p in pairs], dtype=np.int64)
+    return merged, [x for _, row in pairs for x in row]
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def _label_row(r: Any, ts: int) -> tuple | tuple[str, str]:
+    """The full rule set for one parsed label record: ``(reason, detail)`` or
+    ``(request_id, label, labeler_id, labeled_at_ms)``."""
+    if type(r) is not dict:
+        return "not_object", f"the value is a JSON {_jtype(r)}, not an object"
+    rid = r.get("request_id")
+    if rid is None:
+        return _absent(r, "request_id", "a string")
+    if type(rid) is not str:
+        return "wrong_type:request_id", f"request_id: expected a string, got {_jtype(rid)}"
+    if not 0 < len(rid) <= MAX_REQUEST_ID_CHARS:
+        return "bad_request_id", f"request_id: {len(rid)} characters, must be 1-{MAX_REQUEST_ID_CHARS}"
+    label = r.get("label", _MISSING)
+    if label is _MISSING:
+        return "missing_field:label", "label: required (true, false, or null for skipped)"
+    if label is not None and type(label) is not bool:
+        return "wrong_type:label", f"label: expected true, false or null, got {_jtype(label)}"
+    who = r.get("labeler_id")
+    if who is not None:
+        if type(who) is not str:
+            return "wrong_type:labeler_id", f"labeler_id: expected a string, got {_jtype(who)}"
+        if len(who) > MAX_LABELER_ID_CHARS:
+            return "bad_labeler_id", f"labeler_id: {len(who)} characters, more than {MAX_LABELER_ID_CHARS}"
+    at = r.get("labeled_at")
+    if at is None:
+        at = ts
+    else:
+        ms = time_to_ms(at)
+        if ms is None:
+            return "bad_labeled_at", _bad_time(at, "labeled_at")
+        at = ms
+    return rid, label, who, at
+
+
+def parse_labels(
+    values: Sequence[bytes | None],
+    timestamps_ms: Sequence[int],
+    max_bytes: int = MAX_RECORD_BYTES,
+) -> tuple[LabelBatch, list[Reject]]:
+    """Parse a batch of ``stratameter.labels`` values (see `schemas.messages.LabelRecord`).
+
+    `timestamps_ms` (Kafka record timestamps) are the default ``labeled_at``.
+    Whether a request_id is known, answered twice or expired is the service's
+    business, not the parser's.  Accepted and rejected records together cover
+    every input position exactly once, each in input order.
+    """
+    n = len(values)
+    if len(timestamps_ms) != n:
+        raise ValueError(f"{n} values but {len(timestamps_ms)} timestamps")
+    flat: list[Any] = []
+    ext = flat.extend
+    bad: list[int] = []
+    note = bad.append
+    loads = orjson.loads
+    required = _LABEL_REQUIRED
+    lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
+    for i, v, ts in zip(range(n), values, timestamps_ms):
+        if not v or len(v) > max_bytes:
+            note(i)
+            continue
+        try:
+            r = loads(v)
+            rid, label = required(r)
+        except Exception:  # invalid JSON, not an object, a required field missing
+            note(i)
+            continue
+        if type(rid) is str and 0 < len(rid) <= MAX_REQUEST_ID_CHARS and (label is None or type(label) is bool):
+            if len(r) == 2:
+                ext((rid, label, None, ts))
+                continue
+            who = r.get("labeler_id")
+            at = r.get("labeled_at")
+            if at is None:
+                at = ts
+            elif type(at) is not int or not lo <= at <= hi:
+                at = time_to_ms(at)
+            if at is not None and (who is None or type(who) is str and len(who) <= MAX_LABELER_ID_CHARS):
+                ext((rid, label, who, at))
+                continue
+        note(i)
+
+    rejects: list[Reject] = []
+    late: list[tuple] = []
+    for i in bad:
+        out = _diagnose(values[i], max_bytes, lambda r, i=i: _label_row(r, timestamps_ms[i]))
+        if len(out) == 2:
+            rejects.append(Reject(i, *out))
+        else:
+            late.append((i, *out))
+    index = _accepted_index(n, bad)
+    if late:
+        index, flat = _merge_late(index, flat, late, 4)
+    batch = LabelBatch(
+        index=index,
+        request_id=flat[0::4],
+        label=flat[1::4],
+        labeler_id=flat[2::4],
+        labeled_at_ms=np.array(flat[3::4], dtype=np.int64),
+    )
+    return batch, rejects
+
+
+# --------------------------------------------------------------------------- outbound
+
+
+def _time_str(t: datetime | float | int) -> str:
+    return format_time(to_epoch_ms(t))
+
+
+def label_request_bytes(
+    request_id: str,
+    classifier_id: str,
+    item_id: str,
+    score: float,
+    stratum: int,
+    requested_at: datetime | float,
+    expires_at: datetime | float,
+    context: bytes | Mapping[str, Any] | None = None,
+) -> bytes:
+    """Serialize a `schemas.messages.LabelRequest` value (produce it with key = classifier_id).
+
+    `requested_at` / `expires_at`: aware `datetime` (naive = UTC) or epoch
+    *seconds* as from `time.time()`; written as RFC 3339 UTC with milliseconds.
+    `context`: the compact JSON bytes from `ScoreBatch.context` (embedded as
+    they are, not re-parsed: they must be a serialized JSON object), a mapping,
+    or None.
+    """
+    score = float(score)
+    if score - score != 0.0:
+        raise ValueError(f"score must be finite, got {score!r}")
+    if isinstance(context, (bytes, bytearray, memoryview)):
+        context = orjson.Fragment(bytes(context))
+    elif context is not None and not isinstance(context, Mapping):
+        raise TypeError(f"context must be JSON object bytes, a mapping or None, got {type(context).__name__}")
+    return orjson.dumps({
+        "request_id": request_id,
+        "classifier_id": classifier_id,
+        "item_id": item_id,
+        "score": score,
+        "stratum": int(stratum),
+        "requested_at": _time_str(requested_at),
+        "expires_at": _time_str(expires_at),
+        "context": context,
+    })
+
+
+def _b64_capped(data: bytes | bytearray | memoryview | str | None, cap: int) -> tuple[str | None, bool]:
+    if data is None:
+        return None, False
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    cut = len(data) > cap
+    return base64.b64encode(bytes(data[:cap])).decode("ascii"), cut
+
+
+def _cap_text(text: str, limit: int) -> str:
+    raw = str(text).encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return str(text)
+    return raw[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def dead_letter_record(
+    value: bytes | None,
+    key: bytes | None,
+    topic: str,
+    partition: int,
+    offset: int,
+    reason: str,
+    detail: str,
+    now: datetime | float,
+) -> bytes:
+    """Serialize a `schemas.messages.DeadLetter` value; its size is bounded.
+
+    The original value is base64-encoded up to its first
+    `MAX_DEAD_LETTER_ORIGINAL_BYTES` bytes and the key up to
+    `MAX_DEAD_LETTER_KEY_BYTES`; ``truncated`` says whether either was cut.
+    `detail` is cut to `MAX_DEAD_LETTER_DETAIL_BYTES` bytes.  `now`: aware
+    `datetime` (naive = UTC) or epoch seconds as from `time.time()`.
+    """
+    original, cut_value = _b64_capped(value, MAX_DEAD_LETTER_ORIGINAL_BYTES)
+    key_b64, cut_key = _b64_capped(key, MAX_DEAD_LETTER_KEY_BYTES)
+    return orjson.dumps({
+        "original": original,
+        "key": key_b64,
+        "topic": _cap_text(topic, 256),
+        "partition": int(partition),
+        "offset": int(offset),
+        "reason": _cap_text(reason, 128),
+        "detail": _cap_text(detail, MAX_DEAD_LETTER_DETAIL_BYTES),
+        "rejected_at": _time_str(now),
+        "truncated": cut_value or cut_key,
+    })
