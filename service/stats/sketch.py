@@ -42,19 +42,31 @@ def unsquash(u: np.ndarray) -> np.ndarray:
 
 
 def bin_index(scores: np.ndarray) -> np.ndarray:
-    """Bucket of each score (vectorised); scores must be finite."""
-    u = squash(scores)
-    idx = np.floor((u + 1.0) * (BINS / 2.0)).astype(np.int64)
-    return np.clip(idx, 0, BINS - 1)
+    """Bucket of each score (vectorised); scores must be finite.
+
+    Bucket ``b`` holds exactly the scores ``edges[b] <= s < edges[b+1]`` of
+    `bin_edges_score`.  (Computing ``floor((u + 1) * BINS / 2)`` instead is off
+    by one bucket where ``u + 1`` rounds, e.g. for tiny negative scores, which
+    would put a score outside its bucket's edges and break strata built on them.)
+    """
+    idx = np.searchsorted(_EDGES, np.asarray(scores, dtype=float), side="right") - 1
+    return np.clip(idx, 0, BINS - 1).astype(np.int64)
 
 
 def bin_edges_score() -> np.ndarray:
     """The ``BINS + 1`` bucket edges in score units (first and last infinite)."""
+    return _EDGES.copy()
+
+
+def _edges() -> np.ndarray:
     u = np.linspace(-1.0, 1.0, BINS + 1)
     with np.errstate(divide="ignore"):
         edges = unsquash(u)
     edges[0], edges[-1] = -np.inf, np.inf
     return edges
+
+
+_EDGES = _edges()
 
 
 def require_finite(scores: np.ndarray, what: str = "scores") -> np.ndarray:
@@ -63,7 +75,7 @@ def require_finite(scores: np.ndarray, what: str = "scores") -> np.ndarray:
     bad = ~np.isfinite(arr)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{what} must be finite numbers; {what}[{i}] = {arr[i]!r}")
+        raise ValueError(f"{what} must be finite numbers; {what}[{i}] = {float(arr[i])!r}")
     return arr
 
 
@@ -128,9 +140,25 @@ class ScoreHistogram:
         upper = np.clip(edges[nz + 1], self.min, self.max)
         return lower, upper, self.counts[nz].astype(float)
 
+    def cdf_knots(self, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Knots ``(x, F)`` of the piecewise-linear cumulative distribution:
+        linear inside each non-empty bucket, flat across the empty buckets
+        between them.  ``weights`` (one per non-empty bucket, default the
+        counts) replaces the counts, e.g. by their square roots; F ends at 1.
+
+        Both edges of every bucket are knots: interpolating only between upper
+        edges would spread a bucket's mass over the empty gap below it and put
+        quantiles (and strata) where there are no scores.
+        """
+        lower, upper, counts = self.occupied_edges()
+        w = counts if weights is None else np.asarray(weights, dtype=float)
+        cum = np.concatenate([[0.0], np.cumsum(w)])
+        cum /= cum[-1]
+        x = np.column_stack([lower, upper]).ravel()
+        f = np.column_stack([cum[:-1], cum[1:]]).ravel()
+        return x, f
+
     def quantiles(self, probs: np.ndarray) -> np.ndarray:
         """Approximate quantiles by linear interpolation inside buckets."""
-        lower, upper, counts = self.occupied_edges()
-        cum = np.concatenate([[0.0], np.cumsum(counts)]) / counts.sum()
-        knots = np.concatenate([[lower[0]], upper])
-        return np.interp(np.asarray(probs, dtype=float), cum, knots)
+        x, f = self.cdf_knots()
+        return np.interp(np.asarray(probs, dtype=float), f, x)

@@ -15,8 +15,9 @@ Methods (Bennett & Carvalho 2010, Sec. 5; Kumar & Raj, Sec. 4.1):
 
 When the scores cannot fill K strata (fewer distinct values than K, or all
 mass in a few buckets) the duplicate or empty strata are merged and fewer
-strata are returned: `boundaries` documents this and never returns an empty
-stratum according to the histogram.
+strata are returned: `boundaries` documents this and never returns a stratum
+that holds none of the scores the histogram was built from (a cut never splits
+a bucket unless the strata on both sides are non-empty anyway).
 """
 
 from __future__ import annotations
@@ -33,23 +34,33 @@ STRATIFICATIONS: tuple[str, ...] = ("perc", "equal", "cum_sqrt_f")
 
 def _weighted_cuts(hist: ScoreHistogram, k: int, weights: np.ndarray) -> np.ndarray:
     """Scores at which the cumulative bucket weight crosses j/k, j=1..k-1."""
+    x, f = hist.cdf_knots(weights)
+    return np.interp(np.arange(1, k) / k, f, x)
+
+
+def _certain(hist: ScoreHistogram, cuts: np.ndarray) -> np.ndarray:
+    """Per stratum: does the histogram prove it holds a score?  The lowest
+    stratum holds the minimum and the highest the maximum (cuts lie in
+    ``(min, max]``); any other stratum must hold a whole non-empty bucket."""
     lower, upper, _ = hist.occupied_edges()
-    cum = np.concatenate([[0.0], np.cumsum(weights)])
-    cum /= cum[-1]
-    knots = np.concatenate([[lower[0]], upper])
-    return np.interp(np.arange(1, k) / k, cum, knots)
+    lo = np.searchsorted(cuts, lower, side="right")
+    hi = np.searchsorted(cuts, upper, side="left")  # scores < upper ...
+    hi[-1] = np.searchsorted(cuts, hist.max, side="right")  # ... but the top bucket holds max
+    ok = np.bincount(lo[lo == hi], minlength=cuts.size + 1) > 0
+    ok[0] = ok[-1] = True
+    return ok
 
 
-def _mass_between(hist: ScoreHistogram, cuts: np.ndarray) -> np.ndarray:
-    """Histogram count expected in each stratum defined by `cuts` (interpolated)."""
-    lower, upper, counts = hist.occupied_edges()
-    cum = np.concatenate([[0.0], np.cumsum(counts)])
-    knots = np.concatenate([[lower[0]], upper])
-    # np.interp needs increasing x; equal knots (a one-value bucket) are fine for
-    # it but make the cdf a step there, which is what we want.
-    at_cuts = np.interp(cuts, knots, cum)
-    edges = np.concatenate([[0.0], at_cuts, [cum[-1]]])
-    return np.diff(edges)
+def _snap(hist: ScoreHistogram, cuts: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """Move the selected cuts that fall inside a non-empty bucket to the nearer
+    edge of that bucket (above the top bucket's edge means: drop the cut)."""
+    lower, upper, _ = hist.occupied_edges()
+    i = np.clip(np.searchsorted(lower, cuts, side="left") - 1, 0, lower.size - 1)
+    top = i == lower.size - 1
+    inside = which & (cuts > lower[i]) & ((cuts < upper[i]) | (top & (cuts <= hist.max)))
+    up = np.where(top, np.inf, upper[i])
+    snapped = np.where(cuts - lower[i] <= upper[i] - cuts, lower[i], up)
+    return np.where(inside, snapped, cuts)
 
 
 def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray:
@@ -57,7 +68,8 @@ def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray
 
     Raises ValueError on an empty histogram, ``k < 1`` or an unknown method.
     Returns fewer than ``k-1`` cuts when the scores cannot fill ``k`` non-empty
-    strata (see module docstring).
+    strata (see module docstring); every stratum holds at least one of the
+    scores the histogram was built from.
     """
     if not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"strata must be a positive integer, got {k!r}")
@@ -74,17 +86,27 @@ def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray
         cuts = np.linspace(hist.min, hist.max, k + 1)[1:-1]
     else:
         cuts = _weighted_cuts(hist, k, np.sqrt(counts))
-    cuts = np.unique(cuts)
-    cuts = cuts[(cuts > hist.min) & (cuts <= hist.max)]
-    # Merge strata the histogram says are empty (mass below half an item).
-    while cuts.size:
-        mass = _mass_between(hist, cuts)
-        empty = np.flatnonzero(mass < 0.5)
-        if empty.size == 0:
-            break
-        j = int(empty[0])
-        cuts = np.delete(cuts, j if j < cuts.size else j - 1)
+    cuts = _clean(hist, cuts)
+    # Inside a bucket the histogram cannot say on which side of a cut the
+    # bucket's scores lie (they may all be one tied value), so a stratum is
+    # certainly non-empty only if it holds a whole non-empty bucket (or the
+    # min or max).  Cuts bounding a stratum that is not certain are snapped to
+    # bucket edges; a stratum still not certain is then empty and is merged
+    # into its upper neighbour.
+    bare = ~_certain(hist, cuts)
+    if bare.any():
+        cuts = _clean(hist, _snap(hist, cuts, bare[:-1] | bare[1:]))
+        while cuts.size:
+            empty = np.flatnonzero(~_certain(hist, cuts))
+            if empty.size == 0:
+                break
+            cuts = np.delete(cuts, int(empty[0]))  # never the top stratum
     return cuts
+
+
+def _clean(hist: ScoreHistogram, cuts: np.ndarray) -> np.ndarray:
+    cuts = np.unique(cuts)
+    return cuts[(cuts > hist.min) & (cuts <= hist.max)]
 
 
 def assign(scores: np.ndarray, cuts: np.ndarray) -> np.ndarray:
