@@ -51,12 +51,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=main)
 
 
-def _list(value: str | None, universe) -> list[str] | None:
+def _list(value: str | None, universe, option: str) -> list[str] | None:
+    """Parse a comma list (or 'all'), raising a ValueError that names `option`."""
     if value is None:
         return None
-    if value == "all":
+    if value.strip() == "all":
         return list(universe)
-    return [v.strip() for v in value.split(",") if v.strip()]
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in items if v not in universe]
+    if unknown or not items:
+        got = ", ".join(map(repr, unknown)) if unknown else "nothing"
+        raise ValueError(f"{option}: unknown {got}; choose from {', '.join(universe)} or 'all'")
+    return items
 
 
 def _check(args) -> None:
@@ -79,7 +85,10 @@ def main(args) -> int:
         if args.threshold is not None and not args.population:
             keep = pop.scores >= args.threshold
             pop = type(pop)(pop.name, pop.scores[keep], pop.labels[keep], pop.description, pop.informative)
-        designs = designs_for(_list(args.methods, ALLOCATIONS), _list(args.stratifications, STRATIFICATIONS),
+            if pop.size < 2:
+                raise ValueError(f"--threshold {args.threshold} leaves {pop.size} predicted positives; need at least 2")
+        designs = designs_for(_list(args.methods, ALLOCATIONS, "--methods"),
+                              _list(args.stratifications, STRATIFICATIONS, "--stratifications"),
                               args.strata)
         designs = [type(d)(d.method, d.stratification, d.strata, args.interval) for d in designs]
     except ValueError as exc:
@@ -128,7 +137,7 @@ def _print_table(req: StudyRequest, rows) -> None:
         for r in rows:
             t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}",
                       f"{r.in_conf:.3f}", f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}",
-                      f"{r.pct_oracle:+.1f}")
+                      "-" if r.pct_oracle is None else f"{r.pct_oracle:+.1f}")
     else:
         for col in ("method", "stratification", "labels", "MSE", "MSE ratio vs random", "CI cover"):
             t.add_column(col)

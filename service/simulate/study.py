@@ -155,7 +155,9 @@ def summarise(req: StudyRequest, results: list[dict]) -> list[DesignSummary]:
     base = rows[0].labels_mean
     for row in rows:
         row.change_vs_random = 100.0 * (row.labels_mean / base - 1.0)
-        row.pct_oracle = 100.0 * (row.labels_mean / row.oracle_labels - 1.0)
+        # A population whose strata are all pure needs no labels under Neyman
+        # allocation: %Oracle is undefined then (None, "-" in the table).
+        row.pct_oracle = 100.0 * (row.labels_mean / row.oracle_labels - 1.0) if row.oracle_labels > 0 else None
     return rows
 
 
@@ -188,5 +190,13 @@ def as_json(req: StudyRequest, rows: list) -> dict:
         "runs": req.runs,
         "strata": default.strata if not req.designs else max(d.strata for d in req.designs),
         "budget": req.budget,
-        "methods": [asdict(r) for r in rows],
+        "methods": [{k: _json_number(v) for k, v in asdict(r).items()} for r in rows],
     }
+
+
+def _json_number(value):
+    """NaN/inf (e.g. the MSE of a budget too small to label every stratum) as
+    null: JSON has no NaN, and strict parsers reject the bare token."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
