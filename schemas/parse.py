@@ -1,7 +1,7 @@
 """Fast batch parsers and serializers for the wire contract (the consumers' hot path).
 
 `parse_scores` and `parse_labels` turn a poll's worth of Kafka values into
-columns (numpy arrays and lists) plus a list of `Reject`\\ s, applying the rules
+columns (numpy arrays and lists) plus a list of `Reject` records, applying the rules
 of the models in `schemas.messages` without building a model per record: one
 ``orjson.loads`` per record and plain type checks.  They never raise on record
 content; every input index ends up either in ``batch.index`` or in a reject.
@@ -263,7 +263,7 @@ def parse_scores(
     use `DEFAULT_THRESHOLD`), or one number for all.
 
     Returns the accepted records as a `ScoreBatch` (in input order) and the
-    others as `Reject`\\ s (in input order); together they cover every input
+    others as `Reject` records (in input order); together they cover every input
     position exactly once.
     """
     n = len(values)
@@ -289,6 +289,7 @@ def parse_scores(
     loads = orjson.loads
     dumps = orjson.dumps
     required = _SCORE_REQUIRED
+    known = thresholds.get
     valid_id = CLASSIFIER_ID_RE.fullmatch
     lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
     for i, v, ts in zip(range(n), values, timestamps_ms):
@@ -298,10 +299,10 @@ def parse_scores(
         try:
             r = loads(v)
             cid, item, s = required(r)
-        except Exception:  # invalid JSON, not an object, a required field missing
+            thr = known(cid)  # only valid ids (str) are keys; an unhashable id raises TypeError
+        except Exception:  # invalid JSON, not an object, a required field missing, ...
             note(i)
             continue
-        thr = thresholds.get(cid) if type(cid) is str else None
         if thr is None and type(cid) is str and len(cid) <= MAX_CLASSIFIER_ID_CHARS and valid_id(cid):
             thr = threshold(cid)
         if (thr is not None and type(item) is str and 0 < len(item) <= MAX_ITEM_ID_CHARS
