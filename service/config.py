@@ -537,7 +537,7 @@ class Settings(BaseSettings):
             if self.redis_password is not None:
                 extra.append("password=" + quote(self.redis_password.get_secret_value(), safe=""))
             query = "&".join(([query] if query else []) + extra)
-            return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+            return f"unix://{parts.netloc}{parts.path}?{query}" + (f"#{parts.fragment}" if parts.fragment else "")
         user = quote(self.redis_username, safe="") if self.redis_username is not None else (parts.username or "")
         if self.redis_password is not None:
             password = quote(self.redis_password.get_secret_value(), safe="")
