@@ -295,7 +295,7 @@ class ClassifierConfig(BaseModel):
     label_timeout_seconds: float = 86400.0
     # not overridable per classifier, carried for convenience
     chunk_seconds: int = 3600
-    reservoir_size: int = 256
+    reservoir_size: int = 1024
     round_labels_per_stratum: int = 2
     stop_rounds: int = 2
 
@@ -424,7 +424,7 @@ class Settings(BaseSettings):
     label_timeout_seconds: float = 86400.0
     round_labels_per_stratum: int = 2
     stop_rounds: int = 2
-    reservoir_size: int = 256
+    reservoir_size: int = 1024
     # process
     batch_max_records: int = 5000
     dead_letter_max_per_second: float = 1000.0

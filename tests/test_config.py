@@ -51,7 +51,7 @@ def test_defaults():
     assert (s.delta, s.confidence, s.strata, s.stratification, s.allocation) == (0.02, 0.95, 4, "perc", "opt_track")
     assert (s.threshold, s.score_kind, s.chunk_seconds) == (0.5, "auto", 3600)
     assert (s.max_labels_per_hour, s.label_timeout_seconds) == (500, 86400)
-    assert (s.round_labels_per_stratum, s.stop_rounds, s.reservoir_size) == (2, 2, 256)
+    assert (s.round_labels_per_stratum, s.stop_rounds, s.reservoir_size) == (2, 2, 1024)
     assert (s.batch_max_records, s.dead_letter_max_per_second, s.log_level) == (5000, 1000, "INFO")
     assert s.classifiers_config_file is None
     host = socket.gethostname()
