@@ -3,8 +3,7 @@
 Per classifier in the batch: skip records at or below the classifier's last
 applied offset for this partition (a replay after a crash), make sure every
 event-time chunk the records fall in has its strata boundaries (fixed once,
-when the chunk opens, from the previous chunk's score histogram, or from the
-first records when there is no history), aggregate with numpy and apply with
+when the chunk opens, see `opening_histogram`), aggregate with numpy and apply with
 one INGEST script call per classifier, all in one pipeline.
 """
 
@@ -19,6 +18,23 @@ from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
 from ..state.store import Store
 from .aggregate import ClassifierRecords, build_payload, chunk_of, group_by_classifier
+
+
+#: Predicted positives per stratum the opening batch needs to set a chunk's boundaries alone.
+OPENING_ITEMS_PER_STRATUM = 25
+
+
+def opening_histogram(batch: ScoreHistogram, previous: ScoreHistogram | None, strata: int) -> ScoreHistogram:
+    """The score distribution a new chunk's boundaries are computed from.
+
+    The most recent scores are the opening batch's own; when it holds enough
+    of them (25 per stratum) they alone set the boundaries, so a shift in the
+    score distribution moves the boundaries of the very chunk where it shows.
+    A smaller opening batch is merged with the previous chunk's histogram.
+    """
+    if previous is None or batch.total >= OPENING_ITEMS_PER_STRATUM * strata:
+        return batch
+    return previous.merge(batch)
 
 
 class ScoreIngestor:
@@ -84,10 +100,9 @@ class ScoreIngestor:
                 continue
             cid, t = key
             cfg = self.settings.for_classifier(cid)
-            hist = await self.store.recent_histogram(cid, t)
-            if hist is None or hist.total < cfg.strata:
-                r = need[key]
-                sel = r.positive & (chunk_of(r.event_ms, cfg.chunk_seconds) == t)
-                hist = ScoreHistogram.from_scores(r.score[sel])
+            r = need[key]
+            sel = r.positive & (chunk_of(r.event_ms, cfg.chunk_seconds) == t)
+            hist = opening_histogram(ScoreHistogram.from_scores(r.score[sel]),
+                                     await self.store.recent_histogram(cid, t), cfg.strata)
             cuts = boundaries(hist, cfg.strata, cfg.stratification)
             self._cuts[key] = await self.store.open_chunk(cid, t, cuts, int(time.time() * 1000))
