@@ -44,8 +44,12 @@ async def http_get(port: int, path: str) -> tuple[int, bytes]:
 
 
 @contextlib.asynccontextmanager
-async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, **settings: str):
-    """Topics, settings (STRATAMETER_ names without the prefix), the service, its HTTP server."""
+async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, service_bootstrap: str | None = None,
+                          **settings: str):
+    """Topics, settings (STRATAMETER_ names without the prefix), the service, its HTTP server.
+
+    `service_bootstrap` lets the service reach Kafka through another address (a proxy)
+    while the test's producer talks to the broker directly."""
     from service.api.http import serve
     from service.app.runner import Service
 
@@ -53,7 +57,7 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, **s
     await create_topics(kafka_bootstrap, list(topics.values()), partitions=3)
     port = find_free_port()
     env = {
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "KAFKA_CONSUMER_GROUP": unique_name("group"),
+        "KAFKA_BOOTSTRAP_SERVERS": service_bootstrap or kafka_bootstrap, "KAFKA_CONSUMER_GROUP": unique_name("group"),
         "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": unique_name("sm"),
         "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
         "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "HTTP_PORT": str(port),
@@ -64,7 +68,8 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, **s
     await producer.start()
     server = await serve(service, "127.0.0.1", port)
     await service.start()
-    tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever())]
+    tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever()),
+             asyncio.create_task(service.probe_forever())]
     try:
         yield Running(service, port, topics, producer, kafka_bootstrap)
     finally:

@@ -30,6 +30,8 @@ from ..state.store import Store
 log = logging.getLogger("stratameter")
 
 BACKOFF_MAX_S = 5.0
+PROBE_INTERVAL_S = 2.0
+READY_WINDOW_S = 3 * PROBE_INTERVAL_S
 LEASE_MS = 10_000
 
 
@@ -114,8 +116,30 @@ class Service:
         await self.redis.aclose()
 
     def ready(self) -> bool:
+        """Kafka and Redis both answered a probe within the last `READY_WINDOW_S`."""
         now = time.time()
-        return now - self.kafka_ok_at < 10 and now - self.redis_ok_at < 10
+        return now - self.kafka_ok_at < READY_WINDOW_S and now - self.redis_ok_at < READY_WINDOW_S
+
+    async def probe_forever(self) -> None:
+        """Probe Kafka (a metadata request) and Redis (PING) every `PROBE_INTERVAL_S`.
+
+        aiokafka never raises while a broker is unreachable (it waits and
+        retries), so readiness cannot be inferred from polling: it is probed.
+        """
+        while not self.stopping.is_set():
+            for probe, mark in ((self._probe_kafka, "kafka_ok_at"), (self.redis.ping, "redis_ok_at")):
+                try:
+                    await asyncio.wait_for(probe(), PROBE_INTERVAL_S)
+                    setattr(self, mark, time.time())
+                except Exception as exc:  # noqa: BLE001 - any failure means not ready
+                    log.warning("%s probe failed: %r", mark.split("_")[0], exc)
+            try:
+                await asyncio.wait_for(self.stopping.wait(), PROBE_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _probe_kafka(self) -> None:
+        await self.producer.client.fetch_all_metadata()
 
     # ---- consume ------------------------------------------------------------------------
     async def consume_forever(self) -> None:
@@ -123,7 +147,6 @@ class Service:
         while not self.stopping.is_set():
             try:
                 batches = await self.consumer.getmany(timeout_ms=200, max_records=self.settings.batch_max_records)
-                self.kafka_ok_at = time.time()
             except Exception as exc:  # noqa: BLE001 - the client retries; we back off and report not ready
                 log.warning("kafka poll failed", extra={"error": repr(exc)})
                 await asyncio.sleep(backoff)
@@ -295,7 +318,8 @@ async def run(settings) -> int:
     server = await serve(service, settings.http_host, settings.http_port)
     await service.start()
     log.info("stratameter started", extra={"settings": settings.safe_dict()})
-    tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever())]
+    tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever()),
+             asyncio.create_task(service.probe_forever())]
     await service.stopping.wait()
     log.info("stopping")
     await asyncio.gather(*tasks, return_exceptions=True)
