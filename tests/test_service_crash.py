@@ -145,7 +145,9 @@ async def test_sigkill_mid_ingest_and_mid_labelling_counts_exactly_once(kafka_bo
         # 3) restart and let every classifier converge
         service.start()
         docs = await _wait(lambda: _all_converged(port), 120, "convergence after restarts")
+        started = time.monotonic()
         assert service.terminate() == 0, "SIGTERM must close cleanly"
+        assert time.monotonic() - started < 10, "SIGTERM must close within a few seconds"
     finally:
         review_task.cancel()
         await reviewer.stop()
