@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from schemas.parse import dead_letter_record, parse_labels, parse_scores
 from ..ingest.ingestor import ScoreIngestor
 from ..labels.folder import LabelFolder
+from .ownership import preferred_owner
 from ..requests.loop import RequestLoop
 from ..state.store import Store
 
@@ -89,6 +90,7 @@ class Service:
         self.producer: AIOKafkaProducer | None = None
         self.lag: dict[tuple[str, int], int] = {}
         self._republished: set[str] = set()
+        self._free_since: dict[str, float] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -103,6 +105,10 @@ class Service:
         await self.consumer.start()
 
     async def stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.release_all(), 2)
+        except Exception as exc:  # noqa: BLE001 - leases expire by themselves anyway
+            log.warning("could not release leases: %r", exc)
         if self.consumer is not None:
             try:
                 from ..embedded import leave_group_on_stop
@@ -297,14 +303,38 @@ class Service:
             self.wake.clear()
 
     async def _renew_leases(self) -> None:
+        """Take or keep the leases this instance should hold, hand over the others."""
+        me = self.settings.instance_id
+        live = await self.store.heartbeat(me, int(time.time() * 1000), LEASE_MS)
+        cids = await self.store.classifiers()
+        holders = await self.store.lease_holders(cids)
         owned = set()
-        for cid in await self.store.classifiers():
-            if await self.store.acquire_lease(cid, self.settings.instance_id, LEASE_MS):
+        for cid in cids:
+            holder = holders[cid]
+            preferred = preferred_owner(cid, live) == me
+            if holder is None:
+                seen_free = self._free_since.setdefault(cid, time.monotonic())
+                waited = time.monotonic() - seen_free >= LEASE_MS / 3000
+                if (preferred or waited) and await self.store.acquire_lease(cid, me, LEASE_MS):
+                    owned.add(cid)
+                continue
+            self._free_since.pop(cid, None)
+            if holder != me:
+                continue
+            if not preferred and preferred_owner(cid, live) is not None:
+                await self.store.release_lease(cid, me)  # hand over to the preferred live instance
+            elif await self.store.acquire_lease(cid, me, LEASE_MS):
                 owned.add(cid)
-        lost = self.owned - owned
-        for cid in lost:
+        for cid in self.owned - owned:
             self._republished.discard(cid)
         self.owned = owned
+
+    async def release_all(self) -> None:
+        """On shutdown: give every lease back so another instance takes over at once."""
+        for cid in list(self.owned):
+            await self.store.release_lease(cid, self.settings.instance_id)
+        self.owned = set()
+        await self.store.leave(self.settings.instance_id)
 
 
 async def run(settings) -> int:

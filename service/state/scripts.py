@@ -11,6 +11,9 @@ script builds from it share the stem's hash tag, so each script stays within
 one Redis Cluster slot.
 """
 
+# Returns {applied (1/0), stored offset, then for every reservoir this call touched that is
+# full: chunk, stratum, the largest priority kept (a string, exact)}.  A full reservoir's
+# largest priority only ever decreases, so the ingestor may drop later candidates above it.
 INGEST = r"""
 local stem = KEYS[1]
 local okey = stem .. ':offsets:scores'
@@ -18,6 +21,7 @@ local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
 if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
 redis.call('HSET', okey, ARGV[1], ARGV[3])
 local p = cjson.decode(ARGV[4])
+local out = {1, ARGV[3]}
 local meta = stem .. ':meta'
 redis.call('HINCRBY', meta, 'scores_total', p.scores)
 redis.call('HSETNX', meta, 'first_seen_ms', p.now)
@@ -41,9 +45,15 @@ for _, c in ipairs(p.chunks) do
       redis.call('ZADD', rk, unpack(args, i, math.min(i + 399, #args)))
     end
     redis.call('ZREMRANGEBYRANK', rk, p.res_size, -1)
+    if redis.call('ZCARD', rk) >= p.res_size then
+      local last = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
+      out[#out + 1] = c.t
+      out[#out + 1] = r[1]
+      out[#out + 1] = last[2]
+    end
   end
 end
-return {1, ARGV[3]}
+return out
 """
 
 OPEN_CHUNK = r"""
@@ -161,6 +171,11 @@ if cur == false or cur == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
+return 0
+"""
+
+RELEASE = r"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 

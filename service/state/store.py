@@ -53,7 +53,7 @@ class Store:
         self._scripts = {
             name: redis.register_script(getattr(scripts, name))
             for name in ("INGEST", "OPEN_CHUNK", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
-                         "EVALUATE_ROUND", "LEASE", "GLOBAL_COUNT")
+                         "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT")
         }
 
     # ---- ingest -------------------------------------------------------------------------
@@ -91,11 +91,14 @@ class Store:
             return None
         return ScoreHistogram.from_sparse({int(k): int(v) for k, v in raw.items()}, float(lo), float(hi))
 
-    async def apply_ingest(self, calls: list[tuple[str, int, int, int, bytes]]) -> list[tuple[bool, int]]:
+    async def apply_ingest(self, calls: list[tuple[str, int, int, int, bytes]]
+                           ) -> list[tuple[bool, int, list[tuple[int, int, float]]]]:
         """Run INGEST for (cid, partition, expected_offset, new_offset, payload) in one pipeline.
 
-        Returns (applied, stored_offset) per call; not applied means another
+        Returns (applied, stored_offset, cutoffs) per call; not applied means another
         writer moved the offset: the caller re-aggregates from `stored_offset`.
+        `cutoffs`: (chunk, stratum, largest priority kept) of the full reservoirs the
+        call touched (a candidate above it can never enter that reservoir).
         """
         pipe = self.redis.pipeline(transaction=False)
         for cid, part, expected, new, payload in calls:
@@ -103,7 +106,8 @@ class Store:
         for cid, *_ in calls:
             pipe.sadd(self.keys.classifiers, cid)
         res = (await pipe.execute())[: len(calls)]
-        return [(int(r[0]) == 1, int(r[1])) for r in res]
+        return [(int(r[0]) == 1, int(r[1]),
+                 [(int(r[i]), int(r[i + 1]), float(r[i + 2])) for i in range(2, len(r) - 2, 3)]) for r in res]
 
     async def count_invalid(self, topic: str, partition: int, expected: int, new: int,
                             counts: dict[str, int]) -> tuple[bool, int]:
@@ -129,6 +133,30 @@ class Store:
     # ---- request loop -------------------------------------------------------------------
     async def acquire_lease(self, cid: str, instance: str, ttl_ms: int) -> bool:
         return bool(await self._scripts["LEASE"](keys=[f"{self.keys.classifier(cid)}:lease"], args=[instance, ttl_ms]))
+
+    async def release_lease(self, cid: str, instance: str) -> bool:
+        return bool(await self._scripts["RELEASE"](keys=[f"{self.keys.classifier(cid)}:lease"], args=[instance]))
+
+    async def lease_holders(self, cids: list[str]) -> dict[str, str | None]:
+        if not cids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in cids:
+            pipe.get(f"{self.keys.classifier(cid)}:lease")
+        return {cid: (v.decode() if v is not None else None) for cid, v in zip(cids, await pipe.execute())}
+
+    async def heartbeat(self, instance: str, now_ms: int, window_ms: int) -> list[str]:
+        """Record this instance as alive; return the instances alive within `window_ms`."""
+        key = f"{self.keys.global_stem}:instances"
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(key, {instance: now_ms})
+        pipe.zremrangebyscore(key, "-inf", now_ms - 10 * window_ms)
+        pipe.zrangebyscore(key, now_ms - window_ms, "+inf")
+        *_, live = await pipe.execute()
+        return sorted(m.decode() for m in live)
+
+    async def leave(self, instance: str) -> None:
+        await self.redis.zrem(f"{self.keys.global_stem}:instances", instance)
 
     async def lease_holder(self, cid: str) -> str | None:
         v = await self.redis.get(f"{self.keys.classifier(cid)}:lease")
