@@ -81,10 +81,13 @@ def member(item_id: str, score: float, context: bytes | None) -> str:
 
 
 def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservoir_size: int,
-                  now_ms: int, rng: np.random.Generator) -> dict:
+                  now_ms: int, rng: np.random.Generator, cutoffs_for=None) -> dict:
     """The INGEST payload of one classifier's records (see state.scripts.INGEST).
 
     `cuts_for(chunk)` returns the chunk's fixed strata boundaries.
+    `cutoffs_for(chunk)`, if given, returns None or per stratum the largest priority
+    a full reservoir keeps (inf where unknown): candidates above it could never enter
+    the bottom-k, so they are not sent (once the reservoirs are full, almost none are).
     """
     chunks = chunk_of(recs.event_ms, chunk_seconds)
     priority = rng.random(recs.size)
@@ -95,9 +98,14 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
         buckets, bcounts = np.unique(bin_index(s), return_counts=True)
         stratum = assign(s, cuts_for(int(t)))
         strata, scounts = np.unique(stratum, return_counts=True)
+        cut = cutoffs_for(int(t)) if cutoffs_for is not None else None
         res = []
         for k in strata:
             in_k = sel[stratum == k]
+            if cut is not None and k < cut.size:
+                in_k = in_k[priority[in_k] <= cut[k]]
+                if not in_k.size:
+                    continue
             if in_k.size > reservoir_size:
                 in_k = in_k[np.argpartition(priority[in_k], reservoir_size - 1)[:reservoir_size]]
             args: list = []

@@ -44,6 +44,9 @@ class ScoreIngestor:
         self.rng = rng or np.random.default_rng()
         self._offsets: dict[tuple[str, int], int] = {}
         self._cuts: dict[tuple[str, int], np.ndarray] = {}
+        # (cid, chunk) -> per stratum the largest priority its full reservoir keeps (inf: not
+        # full or not known).  Only ever decreases, so a stale value is merely less selective.
+        self._cutoffs: dict[tuple[str, int], np.ndarray] = {}
 
     def forget_partition(self, partition: int) -> None:
         """Drop cached offsets of a partition this instance no longer owns."""
@@ -71,13 +74,21 @@ class ScoreIngestor:
             for _, r in fresh:
                 cfg = self.settings.for_classifier(r.classifier_id)
                 payload = build_payload(r, cfg.chunk_seconds, lambda t, c=r.classifier_id: self._cuts[(c, t)],
-                                        cfg.reservoir_size, now_ms, self.rng)
+                                        cfg.reservoir_size, now_ms, self.rng,
+                                        lambda t, c=r.classifier_id: self._cutoffs.get((c, t)))
                 calls.append((r.classifier_id, partition, self._offsets[(r.classifier_id, partition)],
                               int(r.offsets[-1]), orjson.dumps(payload)))
             results = await self.store.apply_ingest(calls)
             todo = []
-            for (g, r), (applied, stored) in zip(fresh, results):
+            for (g, r), (applied, stored, cutoffs) in zip(fresh, results):
                 self._offsets[(r.classifier_id, partition)] = stored
+                for t, k, cutoff in cutoffs:
+                    cut = self._cutoffs.get((r.classifier_id, t))
+                    if cut is None:
+                        cut = self._cutoffs[(r.classifier_id, t)] = np.full(self._cuts[(r.classifier_id, t)].size + 1,
+                                                                            np.inf)
+                    if k < cut.size:
+                        cut[k] = min(cut[k], cutoff)
                 if applied:
                     counted += r.size
                 else:  # another writer advanced the offset: re-aggregate what is left
