@@ -1,0 +1,88 @@
+"""`stratameter bench`: argument handling, table and JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="ingestion throughput: the service (Kafka -> Redis state) vs a bare consumer, and Redis memory",
+        description="Produces score records once, then measures in the same run: a bare aiokafka consumer "
+                    "reading them (raw, and orjson-decoding each), and one service instance ingesting them "
+                    "into Redis with a fresh consumer group, until Redis counts them all. Rates are taken "
+                    "from each consumer's first fetched record (the group join is excluded). Also reports "
+                    "the Redis memory per classifier at two stream lengths. Starts an embedded tansu broker "
+                    "and Redis unless --kafka / --redis are given.",
+    )
+    p.add_argument("--records", type=_positive_int, default=500_000, help="score records (default 500000)")
+    p.add_argument("--classifiers", type=_positive_int, default=10, help="classifiers (default 10)")
+    p.add_argument("--partitions", type=_positive_int, default=3, help="partitions of the scores topic (default 3)")
+    p.add_argument("--kafka", metavar="HOST:PORT", help="use these bootstrap servers instead of an embedded broker")
+    p.add_argument("--redis", metavar="URL", help="use this Redis instead of an embedded one (redis://...)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
+    p.set_defaults(handler=main)
+
+
+def main(args) -> int:
+    from .core import bench
+
+    def log(msg: str) -> None:
+        if not args.json:
+            print(f"  {msg}", file=sys.stderr, flush=True)
+
+    try:
+        result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
+                       seed=args.seed, log=log)
+    except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
+        print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    doc = result.as_json()
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    _table(doc)
+    return 0
+
+
+def _table(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{doc['records']:,} score records, {doc['classifiers']} classifiers, "
+                    f"{doc['partitions']} partitions, batches of {doc['batch_max_records']}")
+    t.add_column("consumer")
+    t.add_column("records/s", justify="right")
+    t.add_column("seconds", justify="right")
+    t.add_column("vs bare decode", justify="right")
+    dec = doc["raw_consume_decode_records_per_s"]
+    for name, rate, secs in (
+        ("bare aiokafka, raw", doc["raw_consume_records_per_s"], doc["raw_seconds"]),
+        ("bare aiokafka + orjson.loads", dec, doc["decode_seconds"]),
+        ("service: Kafka -> Redis state", doc["service_records_per_s"], doc["service_seconds"]),
+    ):
+        t.add_row(name, f"{rate:,}", f"{secs:.2f}", f"{rate / dec:.2f}")
+    console = Console()
+    console.print(t)
+    m = Table(title="Redis memory per classifier (MEMORY USAGE of its keys)")
+    m.add_column("records counted", justify="right")
+    m.add_column("bytes per classifier", justify="right")
+    for snap in doc["redis_bytes_per_classifier_at"]:
+        m.add_row(f"{snap['records']:,}", f"{snap['bytes_per_classifier']:,}")
+    console.print(m)
+    console.print(f"service group join (excluded): {doc['service_join_seconds']:.2f} s; "
+                  f"records counted in Redis: {doc['records_counted']:,}")

@@ -1,0 +1,346 @@
+"""The ingestion benchmark behind `stratameter bench`.
+
+One run:
+
+1. produce ``records`` score records once to a fresh topic with ``partitions``
+   partitions (key = classifier_id, a classifier's records in one partition, as
+   with Kafka's default partitioner); ``predicted_positive`` omitted (the service
+   applies the 0.5 threshold), ``event_time`` in epoch ms inside one chunk, a small
+   ``context`` object;
+2. a bare aiokafka consumer (manually assigned, no group) reads them all without
+   decoding: the raw rate;
+3. the same, ``orjson.loads`` on every value: the bare decode rate;
+4. a `service.app.runner.Service` with a fresh consumer group consumes the topic
+   (`consume_forever`, the ingest path; no request loop, no HTTP) until the
+   classifiers' ``scores_total`` in Redis add up to ``records``.  On the way, when
+   ``memory_at`` records are counted (default: a fifth and a half of them), and at the end, the Redis memory of each
+   classifier's keys is measured (``MEMORY USAGE key SAMPLES 0``).
+
+Every rate is ``records / (t_last - t_first)`` where ``t_first`` is when the
+consumer's first non-empty ``getmany`` returned: the consumer-group join (tansu
+answers a JoinGroup only after ``session_timeout_ms / 2``) and the connection set-up
+are excluded the same way for all three consumers.  Each consumer fetches with
+aiokafka's defaults and ``max_records`` equal to the service's
+``STRATAMETER_BATCH_MAX_RECORDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+CHUNK_MS = 3_600_000  # the service's default chunk (STRATAMETER_CHUNK_SECONDS=3600)
+
+
+@dataclass
+class BenchResult:
+    records: int
+    classifiers: int
+    partitions: int
+    batch_max_records: int
+    service_records_per_s: float
+    raw_consume_decode_records_per_s: float
+    raw_consume_records_per_s: float
+    service_seconds: float
+    service_join_seconds: float
+    decode_seconds: float
+    raw_seconds: float
+    redis_bytes_per_classifier: int
+    records_counted: int
+    produce_seconds: float
+    memory: list[dict] = field(default_factory=list)  # [{"records", "bytes_per_classifier"}], in order
+
+    @property
+    def ratio(self) -> float:
+        return self.service_records_per_s / self.raw_consume_decode_records_per_s
+
+    def as_json(self) -> dict:
+        return {
+            "records": self.records,
+            "service_records_per_s": round(self.service_records_per_s),
+            "raw_consume_decode_records_per_s": round(self.raw_consume_decode_records_per_s),
+            "ratio": round(self.ratio, 3),
+            "redis_bytes_per_classifier": self.redis_bytes_per_classifier,
+            "raw_consume_records_per_s": round(self.raw_consume_records_per_s),
+            "records_counted": self.records_counted,
+            "classifiers": self.classifiers,
+            "partitions": self.partitions,
+            "batch_max_records": self.batch_max_records,
+            "service_seconds": round(self.service_seconds, 3),
+            "decode_seconds": round(self.decode_seconds, 3),
+            "raw_seconds": round(self.raw_seconds, 3),
+            "service_join_seconds": round(self.service_join_seconds, 3),
+            "produce_seconds": round(self.produce_seconds, 3),
+            "redis_bytes_per_classifier_at": self.memory,
+        }
+
+
+# --------------------------------------------------------------------------- records
+
+
+def classifier_ids(n: int) -> list[str]:
+    return [f"bench-clf-{i:02d}" for i in range(n)]
+
+
+def score_values(records: int, classifiers: int, seed: int = 0, now_ms: int | None = None
+                 ) -> tuple[np.ndarray, list[bytes]]:
+    """(classifier index per record, JSON values): realistic score records.
+
+    Scores: a mixture of a mass near 0 and a mass near 1 (about 40% predicted
+    positive at the 0.5 threshold); event times increasing over the first half of the
+    current hour, so the whole stream falls in one chunk.
+    """
+    rng = np.random.default_rng(seed)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    chunk_start = now_ms // CHUNK_MS * CHUNK_MS
+    which = rng.integers(0, classifiers, records)
+    pos = rng.random(records) < 0.4
+    scores = np.where(pos, rng.beta(8, 2, records) * 0.5 + 0.5, rng.beta(2, 8, records) * 0.5)
+    event = chunk_start + (np.arange(records, dtype=np.int64) * (CHUNK_MS // 2)) // max(records, 1)
+    sources = ("web", "mobile", "api")
+    cids = classifier_ids(classifiers)
+    dumps = orjson.dumps
+    values = [
+        dumps({"classifier_id": cids[c], "item_id": f"item-{i:09d}", "score": round(s, 6),
+               "event_time": e, "context": {"source": sources[i % 3], "locale": "en-US", "n": i}})
+        for i, (c, s, e) in enumerate(zip(which.tolist(), scores.tolist(), event.tolist()))
+    ]
+    return which, values
+
+
+async def produce(bootstrap: str, topic: str, partitions: int, which: np.ndarray, values: list[bytes],
+                  classifiers: int) -> None:
+    """Produce with explicit batches: classifier c's records go to partition c % partitions."""
+    from aiokafka import AIOKafkaProducer
+
+    keys = [c.encode() for c in classifier_ids(classifiers)]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks=1,
+                                max_batch_size=1 << 20, max_request_size=1 << 21)
+    await producer.start()
+    try:
+        ts = int(time.time() * 1000)
+        pending = []
+        batches = [producer.create_batch() for _ in range(partitions)]
+        for c, v in zip(which.tolist(), values):
+            p = c % partitions
+            if batches[p].append(key=keys[c], value=v, timestamp=ts) is None:
+                batches[p].close()
+                pending.append(await producer.send_batch(batches[p], topic, partition=p))
+                batches[p] = producer.create_batch()
+                batches[p].append(key=keys[c], value=v, timestamp=ts)
+                if len(pending) >= 32:
+                    await asyncio.gather(*pending)
+                    pending.clear()
+        for p, b in enumerate(batches):
+            if b.record_count():
+                b.close()
+                pending.append(await producer.send_batch(b, topic, partition=p))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+# --------------------------------------------------------------------------- bare consumer
+
+
+async def bare_consume(bootstrap: str, topic: str, partitions: int, records: int, decode: bool,
+                       max_records: int, timeout_s: float) -> float:
+    """Seconds from the first non-empty fetch to the last record read (and decoded)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        await consumer.seek_to_beginning()
+        loads = orjson.loads
+        count = 0
+        t0 = None
+        deadline = time.monotonic() + timeout_s
+        while count < records:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bare consumer read {count} of {records} records in {timeout_s:.0f}s")
+            batches = await consumer.getmany(timeout_ms=500, max_records=max_records)
+            if t0 is None and batches:
+                t0 = time.perf_counter()
+            for recs in batches.values():
+                if decode:
+                    for r in recs:
+                        loads(r.value)
+                count += len(recs)
+        return time.perf_counter() - t0
+    finally:
+        await consumer.stop()
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+async def classifier_bytes(redis, prefix: str, cid: str) -> int:
+    """MEMORY USAGE (exact: SAMPLES 0) summed over the classifier's keys."""
+    keys = [k async for k in redis.scan_iter(match=f"{prefix}:{{{cid}}}:*", count=1000)]
+    if not keys:
+        return 0
+    pipe = redis.pipeline(transaction=False)
+    for k in keys:
+        pipe.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0")
+    return int(sum(int(x or 0) for x in await pipe.execute()))
+
+
+async def counted(redis, prefix: str, cids: list[str]) -> int:
+    pipe = redis.pipeline(transaction=False)
+    for cid in cids:
+        pipe.hget(f"{prefix}:{{{cid}}}:meta", "scores_total")
+    return sum(int(v) for v in await pipe.execute() if v is not None)
+
+
+# --------------------------------------------------------------------------- service
+
+
+async def service_consume(settings, cids: list[str], records: int, memory_at: list[int], timeout_s: float,
+                          poll_s: float = 0.005) -> tuple[float, float, list[dict]]:
+    """Run the service's ingest path until Redis counts `records`.
+
+    Returns (seconds from the first non-empty fetch to the full count, seconds from
+    start() to the first fetch, memory snapshots).
+    """
+    from redis.asyncio import Redis
+
+    from ..app.runner import Service
+
+    prefix = settings.redis_key_prefix
+    service = Service(settings)
+    probe = Redis.from_url(settings.redis_url_with_credentials())
+    first: list[float] = []
+    task = None
+    t_start = time.perf_counter()
+    try:
+        await service.start()
+        fetch = service.consumer.getmany
+
+        async def getmany(*args, **kwargs):
+            out = await fetch(*args, **kwargs)
+            if not first and any(out.values()):
+                first.append(time.perf_counter())
+            return out
+
+        service.consumer.getmany = getmany  # instance attribute: notes the first fetch, nothing else
+        task = asyncio.create_task(service.consume_forever())
+        marks = sorted(m for m in memory_at if m < records)
+        snaps: list[dict] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            n = await counted(probe, prefix, cids)
+            if n >= records:
+                t_end = time.perf_counter()
+                break
+            if task.done():
+                task.result()
+                raise RuntimeError(f"the service stopped after counting {n} of {records} records")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the service counted {n} of {records} records in {timeout_s:.0f}s")
+            if marks and n >= marks[0]:
+                while marks and n >= marks[0]:
+                    marks.pop(0)
+                sizes = [await classifier_bytes(probe, prefix, c) for c in cids]
+                snaps.append({"records": n, "bytes_per_classifier": round(sum(sizes) / len(cids))})
+            await asyncio.sleep(poll_s)
+        service.stopping.set()
+        await task
+        task = None
+        sizes = [await classifier_bytes(probe, prefix, c) for c in cids]
+        snaps.append({"records": await counted(probe, prefix, cids),
+                      "bytes_per_classifier": round(sum(sizes) / len(cids))})
+        return t_end - first[0], first[0] - t_start, snaps
+    finally:
+        service.stopping.set()
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await service.stop()
+        await probe.aclose()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifiers: int = 10,
+                    partitions: int = 3, memory_at: list[int] | None = None, seed: int = 0,
+                    log: Callable[[str], None] = lambda msg: None, timeout_s: float | None = None) -> BenchResult:
+    """One benchmark run against the given Kafka bootstrap servers and Redis URL.
+
+    Uses fresh topic, consumer group and Redis key prefix names, so it can run
+    against shared backends; it does not delete them afterwards.
+    """
+    from ..config import load_settings
+    from ..embedded import create_topics
+
+    if records < 1 or classifiers < 1 or partitions < 1:
+        raise ValueError("records, classifiers and partitions must be >= 1")
+    memory_at = [records // 5, records // 2] if memory_at is None else memory_at
+    timeout_s = timeout_s if timeout_s is not None else 120 + records / 2000
+    run_id = uuid.uuid4().hex[:10]
+    names = {k: f"bench-{k}-{run_id}" for k in ("scores", "requests", "labels", "dlq")}
+    await create_topics(kafka, [names["scores"]], partitions=partitions)
+    await create_topics(kafka, [names["requests"], names["labels"], names["dlq"]], partitions=1)
+    settings = load_settings({
+        "STRATAMETER_KAFKA_BOOTSTRAP_SERVERS": kafka,
+        "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}",
+        "STRATAMETER_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        "STRATAMETER_REDIS_URL": redis_url,
+        "STRATAMETER_REDIS_KEY_PREFIX": f"bench-{run_id}",
+        "STRATAMETER_TOPIC_SCORES": names["scores"],
+        "STRATAMETER_TOPIC_LABEL_REQUESTS": names["requests"],
+        "STRATAMETER_TOPIC_LABELS": names["labels"],
+        "STRATAMETER_TOPIC_DEAD_LETTER": names["dlq"],
+    })
+    max_records = settings.batch_max_records
+
+    log(f"generating {records:,} score records for {classifiers} classifiers")
+    which, values = score_values(records, classifiers, seed)
+    log(f"producing to {names['scores']} ({partitions} partitions)")
+    t0 = time.perf_counter()
+    await produce(kafka, names["scores"], partitions, which, values, classifiers)
+    produce_s = time.perf_counter() - t0
+    del values
+
+    log("bare consumer, raw (no decoding)")
+    raw_s = await bare_consume(kafka, names["scores"], partitions, records, False, max_records, timeout_s)
+    log("bare consumer, orjson.loads per record")
+    decode_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s)
+    log("service ingest path (fresh consumer group)")
+    cids = classifier_ids(classifiers)
+    service_s, join_s, snaps = await service_consume(settings, cids, records, memory_at, timeout_s)
+    counted_records = snaps[-1]["records"]
+    return BenchResult(
+        records=records, classifiers=classifiers, partitions=partitions, batch_max_records=max_records,
+        service_records_per_s=records / service_s, raw_consume_decode_records_per_s=records / decode_s,
+        raw_consume_records_per_s=records / raw_s, service_seconds=service_s, service_join_seconds=join_s,
+        decode_seconds=decode_s, raw_seconds=raw_s, redis_bytes_per_classifier=snaps[-1]["bytes_per_classifier"],
+        records_counted=counted_records, produce_seconds=produce_s, memory=snaps,
+    )
+
+
+def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
+          redis: str | None = None, memory_at: list[int] | None = None, seed: int = 0,
+          log: Callable[[str], None] = lambda msg: None) -> BenchResult:
+    """`run_bench` with embedded tansu / Redis for the backends not given."""
+    from contextlib import ExitStack
+
+    from ..embedded import EmbeddedKafka, EmbeddedRedis
+
+    with ExitStack() as stack:
+        if kafka is None:
+            log("starting embedded Kafka (tansu)")
+            kafka = stack.enter_context(EmbeddedKafka()).bootstrap
+        if redis is None:
+            log("starting embedded Redis")
+            redis = stack.enter_context(EmbeddedRedis()).url
+        return asyncio.run(run_bench(kafka, redis, records, classifiers, partitions, memory_at, seed, log))

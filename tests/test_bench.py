@@ -1,0 +1,103 @@
+"""`stratameter bench` on a small stream (a correctness check, not a timing assertion),
+and the ingest's reservoir cutoff (the optimisation the benchmark led to) keeping the
+exact same bottom-k sample."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from service.bench.command import main as bench_main
+from service.bench.core import run_bench, score_values
+from service.config import load_settings
+from service.ingest.ingestor import ScoreIngestor
+from service.state.store import Store
+
+pytestmark = pytest.mark.integration
+
+KEYS = {"records", "service_records_per_s", "raw_consume_decode_records_per_s", "ratio", "redis_bytes_per_classifier"}
+
+
+async def test_bench_counts_every_record_and_reports_the_json_shape(kafka_bootstrap, redis_url):
+    result = await run_bench(kafka_bootstrap, redis_url, records=5000, classifiers=3, partitions=2,
+                             memory_at=[1000])
+    doc = result.as_json()
+    assert KEYS <= set(doc)
+    json.dumps(doc)  # plain JSON types only
+    assert doc["records"] == 5000
+    assert doc["records_counted"] == 5000  # Redis state counts exactly what was produced
+    for key in ("service_records_per_s", "raw_consume_decode_records_per_s", "raw_consume_records_per_s"):
+        assert doc[key] > 0
+    assert doc["ratio"] == pytest.approx(doc["service_records_per_s"] / doc["raw_consume_decode_records_per_s"],
+                                         rel=1e-2)
+    snaps = doc["redis_bytes_per_classifier_at"]
+    assert len(snaps) == 2 and 1000 <= snaps[0]["records"] <= snaps[1]["records"] == 5000
+    assert 0 < snaps[0]["bytes_per_classifier"] and doc["redis_bytes_per_classifier"] == snaps[1]["bytes_per_classifier"]
+
+
+def test_bench_rejects_a_bad_record_count(capsys):
+    with pytest.raises(SystemExit):
+        from service.cli import main
+
+        main(["bench", "--records", "0"])
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_score_values_are_valid_score_records():
+    from schemas.parse import parse_scores
+
+    which, values = score_values(2000, 4, seed=1)
+    batch, rejects = parse_scores(values, [0] * len(values), 0.5)
+    assert not rejects and len(batch) == 2000
+    assert set(batch.classifier_id) == {f"bench-clf-{i:02d}" for i in range(4)}
+    assert all(b"predicted_positive" not in v for v in values)
+    assert 0.3 < batch.predicted_positive.mean() < 0.5
+    assert np.unique(batch.event_time_ms // 3_600_000).size == 1  # one chunk
+    assert which.shape == (2000,)
+
+
+async def _reservoirs(redis_url: str, prefix: str, use_cutoffs: bool) -> dict:
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_RESERVOIR_SIZE": "16"})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, prefix)
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(3))
+    rng = np.random.default_rng(5)
+    n, t0 = 6000, 1_800_000_000_000
+    scores = rng.uniform(0.5, 1.0, n)
+    items = [f"i{i}" for i in range(n)]
+    known = 0
+    for start in range(0, n, 250):  # many small batches: the reservoirs fill, then cutoffs apply
+        sl = slice(start, start + 250)
+        size = len(items[sl])
+        await ingest.apply(0, np.arange(start, start + size), ["clf"] * size, items[sl], scores[sl],
+                           np.ones(size, bool), np.full(size, t0), [None] * size)
+        known += sum(int(np.isfinite(c).sum()) for c in ingest._cutoffs.values())  # strata with a cutoff
+        if not use_cutoffs:
+            ingest._cutoffs.clear()
+    t = (await store.chunk_ids("clf"))[0]
+    out = {k: await redis.zrange(f"{store.keys.chunk('clf', t)}:res:{k}", 0, -1, withscores=True) for k in range(4)}
+    await redis.aclose()
+    return out, known
+
+
+async def test_reservoir_cutoff_keeps_the_same_bottom_k(redis_url, unique_name):
+    with_cut, used = await _reservoirs(redis_url, unique_name("cut"), True)
+    without, _ = await _reservoirs(redis_url, unique_name("nocut"), False)
+    assert used > 0  # the cutoffs were known and applied
+    assert with_cut == without
+    assert all(len(v) == 16 for v in with_cut.values())
+
+
+def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
+    import argparse
+
+    args = argparse.Namespace(records=600, classifiers=2, partitions=1, kafka=kafka_bootstrap, redis=redis_url,
+                              seed=0, json=True)
+    assert bench_main(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    doc = json.loads(out[0])
+    assert KEYS <= set(doc) and doc["records_counted"] == 600
