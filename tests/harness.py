@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 
 import orjson
@@ -121,3 +126,130 @@ async def wait_for(cond, timeout: float, what: str):
             return value
         await asyncio.sleep(0.3)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# ---- the service as real subprocesses ------------------------------------------------------
+
+async def http_json(port: int, path: str) -> tuple[int, dict | list | None]:
+    """GET `path`; (0, None) when nothing listens (a killed instance)."""
+    try:
+        status, body = await http_get(port, path)
+    except (OSError, IndexError, ValueError):
+        return 0, None
+    return status, (orjson.loads(body) if body and status == 200 else None)
+
+
+class ServiceProcess:
+    """`stratameter run` in a subprocess, logging to a file."""
+
+    def __init__(self, env: dict[str, str], port: int, log_path: str) -> None:
+        self.env, self.port, self.log_path = env, port, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ServiceProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "run"], env=self.env, stdout=log, stderr=log)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(20)
+
+
+@dataclass
+class Workload:
+    """Topics, score records with ground truth for several classifiers, and a reviewer
+    that answers every label request from the truth (some skipped) and remembers all."""
+
+    bootstrap: str
+    redis_url: str
+    topics: dict[str, str]
+    group: str
+    prefix: str
+    truth: dict[str, int] = field(default_factory=dict)
+    answered: dict[str, bool | None] = field(default_factory=dict)
+    requested_items: dict[str, str] = field(default_factory=dict)
+
+    def env(self, port: int, instance: str, **settings: str) -> dict[str, str]:
+        base = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "KAFKA_CONSUMER_GROUP": self.group,
+                "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": self.redis_url, "REDIS_KEY_PREFIX": self.prefix,
+                "TOPIC_SCORES": self.topics["scores"], "TOPIC_LABEL_REQUESTS": self.topics["requests"],
+                "TOPIC_LABELS": self.topics["labels"], "TOPIC_DEAD_LETTER": self.topics["dlq"],
+                "HTTP_PORT": str(port), "HTTP_HOST": "127.0.0.1", "INSTANCE_ID": instance, "LOG_LEVEL": "WARNING",
+                **settings}
+        return {**os.environ, **{f"STRATAMETER_{k}": v for k, v in base.items()}}
+
+    async def produce(self, producer: AIOKafkaProducer, classifiers, per_classifier: int, extra: list[bytes] = ()):
+        now_ms = int(time.time() * 1000)
+        for cid in classifiers:
+            for i in range(per_classifier):
+                score = 0.5 + 0.5 * ((i * 7919) % 1000) / 1000
+                item = f"{cid}#{i}"
+                self.truth[item] = int(((i * 104729) % 1000) / 1000 < score)
+                await producer.send(self.topics["scores"], key=cid.encode(), value=orjson.dumps(
+                    {"classifier_id": cid, "item_id": item, "score": score, "event_time": now_ms}))
+        for value in extra:
+            await producer.send(self.topics["scores"], key=b"junk", value=value)
+        await producer.flush()
+
+    async def review(self, producer: AIOKafkaProducer, group: str) -> None:
+        consumer = AIOKafkaConsumer(self.topics["requests"], bootstrap_servers=self.bootstrap, group_id=group,
+                                    auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500)
+        await consumer.start()
+        leave_group_on_stop(consumer)
+        try:
+            async for rec in consumer:
+                req = orjson.loads(rec.value)
+                rid = req["request_id"]
+                self.requested_items[rid] = f'{req["classifier_id"]}/{req["item_id"]}'
+                label = self.answered.get(rid, None if len(self.answered) % 13 == 7 else bool(self.truth[req["item_id"]]))
+                self.answered[rid] = label
+                await producer.send(self.topics["labels"], value=orjson.dumps({"request_id": rid, "label": label}))
+        finally:
+            await consumer.stop()
+
+    def assert_exact(self, docs: dict[str, dict], per_classifier: int) -> None:
+        """Nothing lost, nothing counted twice, no item requested under two request ids."""
+        for cid, doc in docs.items():
+            assert doc["scores"] == per_classifier, (cid, doc["scores"])
+            assert doc["population"] == per_classifier
+            mine = [label for rid, label in self.answered.items() if rid.startswith(cid + "/")]
+            folded = doc["labels_by_outcome"]["accepted"]
+            assert folded == sum(label is not None for label in mine), (cid, folded)
+            assert doc["labels_by_outcome"]["skipped"] == sum(label is None for label in mine)
+            assert doc["labels"] == folded == sum(s["labels"] for s in doc["strata"])
+        assert len(set(self.requested_items.values())) == len(self.requested_items)
+
+
+async def converged(port: int, classifiers) -> dict | None:
+    docs = {}
+    for cid in classifiers:
+        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
+        if status != 200 or doc["status"] != "converged":
+            return None
+        docs[cid] = doc
+    return docs
+
+
+async def scores_counted(port: int, classifiers) -> int:
+    total = 0
+    for cid in classifiers:
+        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
+        total += doc["scores"] if status == 200 else 0
+    return total
+
+
+async def labels_folded(port: int, classifiers) -> int:
+    total = 0
+    for cid in classifiers:
+        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
+        total += doc["labels_by_outcome"]["accepted"] if status == 200 else 0
+    return total
