@@ -11,6 +11,7 @@ SUBCOMMANDS = (
     "service.app.command",
     "service.simulate.command",
     "service.bench.command",
+    "service.soak.command",
     "service.demo.command",
 )
 

@@ -1,0 +1,1 @@
+"""stratameter soak: long-running fault-injection benchmark."""
