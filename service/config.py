@@ -230,6 +230,9 @@ _RULES: dict[str, Callable[[Any], Any]] = {
     "round_labels_per_stratum": _closed(1),
     "stop_rounds": _closed(1),
     "reservoir_size": _closed(8, 100_000),
+    "chunk_retention": _closed(1),
+    "history_chunks": _closed(1),
+    "request_retention_seconds": _positive,
     "batch_max_records": _closed(1),
     "dead_letter_max_per_second": _positive,
     "log_level": _choice(LOG_LEVELS, str.upper),
@@ -298,6 +301,9 @@ class ClassifierConfig(BaseModel):
     reservoir_size: int = 1024
     round_labels_per_stratum: int = 2
     stop_rounds: int = 2
+    chunk_retention: int = 24
+    history_chunks: int = 168
+    request_retention_seconds: float = 7 * 86400.0
 
     @field_validator("*")
     @classmethod
@@ -425,6 +431,9 @@ class Settings(BaseSettings):
     round_labels_per_stratum: int = 2
     stop_rounds: int = 2
     reservoir_size: int = 1024
+    chunk_retention: int = 24
+    history_chunks: int = 168
+    request_retention_seconds: float = 7 * 86400.0
     # process
     batch_max_records: int = 5000
     dead_letter_max_per_second: float = 1000.0

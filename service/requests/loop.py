@@ -60,6 +60,7 @@ class RequestLoop:
         self.publish = publish
         self.rng = rng or np.random.default_rng()
         self.instance = settings.instance_id
+        self._purged: dict[str, int] = {}  # classifier -> newest chunk when last purged
 
     async def republish_outbox(self, cid: str) -> int:
         """Publish requests recorded but not acknowledged by Kafka before a crash."""
@@ -85,6 +86,9 @@ class RequestLoop:
         ids = await self.store.chunk_ids(cid)
         if not ids:
             return 0
+        if len(ids) > cfg.chunk_retention and self._purged.get(cid) != ids[-1]:
+            await self.store.purge_chunks(cid, ids, cfg.chunk_retention, max(cfg.history_chunks, cfg.chunk_retention))
+            self._purged[cid] = ids[-1]
         chunks = await self.store.chunks(cid, ids[-1:])
         if not chunks:
             return 0
@@ -106,7 +110,8 @@ class RequestLoop:
             return 0
         deadline = now + int(cfg.label_timeout_seconds * 1000)
         issued = await self.store.issue(cid, cs.chunk, now, deadline, cs.round + 1, self.instance,
-                                        [[rid, k, m["i"], m["s"], raw] for rid, k, m, raw in requests], used_replace)
+                                        [[rid, k, m["i"], m["s"], raw] for rid, k, m, raw in requests], used_replace,
+                                        int(cfg.request_retention_seconds * 1000))
         if issued is None:
             log.warning("lost the lease while issuing", extra={"classifier": cid})
             return 0

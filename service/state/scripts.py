@@ -122,7 +122,8 @@ return #due
 """
 
 # ARGV: chunk, now_ms, deadline_ms, hour, round, fence, requests JSON
-# [[rid, stratum, item_id, score, member], ...], replaced JSON {stratum: used}
+# [[rid, stratum, item_id, score, member], ...], replaced JSON {stratum: used}, retention_ms
+# (a request is kept that long after its deadline, to recognise duplicate answers)
 ISSUE = r"""
 local stem = KEYS[1]
 if redis.call('GET', stem .. ':lease') ~= ARGV[6] then return {-1} end
@@ -134,6 +135,7 @@ for _, r in ipairs(reqs) do
     local rk = stem .. ':req:' .. r[1]
     redis.call('HSET', rk, 'chunk', ARGV[1], 'stratum', r[2], 'item', r[5], 'deadline_ms', ARGV[3],
                'requested_ms', ARGV[2], 'round', ARGV[5], 'state', 'new')
+    redis.call('PEXPIREAT', rk, tonumber(ARGV[3]) + tonumber(ARGV[9]))
     redis.call('ZADD', stem .. ':pending', ARGV[3], r[1])
     issued[#issued + 1] = r[1]
   end

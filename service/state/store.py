@@ -14,6 +14,8 @@ from ..stats.sketch import ScoreHistogram
 from . import scripts
 from .keys import Keys
 
+MAX_STRATA = 20  # the largest STRATAMETER_STRATA allowed
+
 
 @dataclass
 class ChunkState:
@@ -191,12 +193,12 @@ class Store:
         return [bool(x) for x in await self.redis.smismember(f"{self.keys.chunk(cid, t)}:sampled", item_ids)]
 
     async def issue(self, cid: str, t: int, now_ms: int, deadline_ms: int, round_no: int, fence: str,
-                    requests: list[list], replaced: dict[int, int]) -> list[str] | None:
+                    requests: list[list], replaced: dict[int, int], retention_ms: int) -> list[str] | None:
         """Record a round's requests (ISSUE); None if this instance lost the lease."""
         res = await self._scripts["ISSUE"](
             keys=[self.keys.classifier(cid)],
             args=[str(t), now_ms, deadline_ms, now_ms // 3_600_000, round_no, fence,
-                  orjson.dumps(requests), orjson.dumps({str(k): v for k, v in replaced.items()})])
+                  orjson.dumps(requests), orjson.dumps({str(k): v for k, v in replaced.items()}), retention_ms])
         if res and not isinstance(res[0], bytes) and int(res[0]) == -1:
             return None
         return [r.decode() for r in res]
@@ -212,6 +214,25 @@ class Store:
     async def issued_this_hour(self, cid: str, now_ms: int) -> int:
         v = await self.redis.hget(f"{self.keys.classifier(cid)}:hourly", str(now_ms // 3_600_000))
         return int(v) if v is not None else 0
+
+    async def purge_chunks(self, cid: str, ids: list[int], keep_full: int, keep_history: int) -> int:
+        """Bound a classifier's memory by time as well as by stream length: chunks
+        older than the newest `keep_full` lose their reservoirs, sampled sets and
+        histograms (no longer needed); chunks older than the newest `keep_history`
+        are deleted.  Returns the number of chunks touched."""
+        old = ids[:-keep_full] if len(ids) > keep_full else []
+        if not old:
+            return 0
+        drop = set(ids[:-keep_history]) if len(ids) > keep_history else set()
+        pipe = self.redis.pipeline(transaction=False)
+        for t in old:
+            ck = self.keys.chunk(cid, t)
+            pipe.delete(f"{ck}:sampled", f"{ck}:hist", f"{ck}:replace", *(f"{ck}:res:{k}" for k in range(MAX_STRATA)))
+            if t in drop:
+                pipe.delete(f"{ck}:meta", f"{ck}:N", f"{ck}:n", f"{ck}:h")
+                pipe.zrem(f"{self.keys.classifier(cid)}:chunks", t)
+        await pipe.execute()
+        return len(old)
 
     # ---- reads --------------------------------------------------------------------------
     async def classifiers(self) -> list[str]:

@@ -1,0 +1,64 @@
+"""Redis memory of a classifier is bounded by strata, reservoirs and retention,
+not by stream length or age: old chunks lose their reservoirs, then their
+summaries; answered requests expire after the retention period."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from service.config import load_settings
+from service.ingest.ingestor import ScoreIngestor
+from service.state.store import Store
+
+pytestmark = pytest.mark.integration
+
+
+async def _memory(redis: Redis, prefix: str) -> int:
+    total = 0
+    async for key in redis.scan_iter(match=f"{prefix}:*", count=1000):
+        total += await redis.memory_usage(key) or 0
+    return total
+
+
+async def test_old_chunks_are_purged_and_memory_stays_bounded(redis_url, unique_name):
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": "1",
+                              "STRATAMETER_RESERVOIR_SIZE": "64"})
+    prefix = unique_name("ret")
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, prefix)
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    offset = 0
+    sizes = []
+    for t in range(40):  # 40 one-second chunks of 500 predicted positives each
+        n = 500
+        await ingest.apply(0, np.arange(offset, offset + n), ["c"] * n, [f"i{offset + j}" for j in range(n)],
+                           rng.random(n), np.ones(n, bool), np.full(n, 1_700_000_000_000 + 1000 * t + 5),
+                           [None] * n)
+        offset += n
+        ids = await store.chunk_ids("c")
+        await store.purge_chunks("c", ids, keep_full=5, keep_history=10)
+        if t in (19, 39):
+            sizes.append(await _memory(redis, prefix))
+    ids = await store.chunk_ids("c")
+    assert len(ids) == 10
+    with_reservoir = [t for t in ids if await redis.exists(f"{store.keys.chunk('c', t)}:res:0")]
+    assert with_reservoir == ids[-5:]
+    assert (await store.classifier_summary("c"))["meta"]["scores_total"] == str(40 * 500)
+    # twice the stream, same memory (within 10%)
+    assert abs(sizes[1] - sizes[0]) < 0.1 * sizes[0], sizes
+    await redis.aclose()
+
+
+async def test_issued_requests_expire_after_retention(redis_url, unique_name):
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("ttl"))
+    assert await store.acquire_lease("c", "me", 10_000)
+    issued = await store.issue("c", 1, 1_000, 2_000_000_000_000, 1, "me", [["c/tok", 0, "item", 0.9, "{}"]], {},
+                               retention_ms=60_000)
+    assert issued == ["c/tok"]
+    ttl = await redis.pttl(store.keys.request("c", "c/tok"))
+    assert ttl > 0
+    await redis.aclose()
