@@ -69,6 +69,7 @@ async def test_foreign_unknown_and_duplicate_labels(kafka_bootstrap, redis_url, 
         token = a_req["request_id"].split("/", 1)[1]
         await run.send_label(f"b/{token}", True)  # a's token under b's name: unknown, never folded into b
         await run.send_label("no-classifier-here", True)
+        await run.send_label("not a classifier/token", True)  # a prefix that is no valid classifier id
         await run.send_label(a_req["request_id"], True)
         await run.send_label(a_req["request_id"], False)  # duplicate: the first answer stands
         await run.producer.send(run.topics["labels"], value=b'{"request_id": "a/x"}')  # label missing: invalid
@@ -76,11 +77,11 @@ async def test_foreign_unknown_and_duplicate_labels(kafka_bootstrap, redis_url, 
         async def settled():
             _, body = await run.get("/metrics")
             text = body.decode()
-            return text if 'outcome="duplicate"} 1.0' in text and 'outcome="unknown"} 2.0' in text else None
+            return text if 'outcome="duplicate"} 1.0' in text and 'outcome="unknown"} 3.0' in text else None
         text = await wait_for(settled, 30, "label outcomes")
         assert 'stratameter_labels_total{classifier="a",outcome="accepted"} 1.0' in text
         assert 'stratameter_labels_total{classifier="b",outcome="accepted"} 0.0' in text
-        assert 'stratameter_labels_total{classifier="",outcome="unknown"} 2.0' in text
+        assert 'stratameter_labels_total{classifier="",outcome="unknown"} 3.0' in text
         assert 'stratameter_invalid_messages_total{reason="missing_field:label"' in text
         _, body = await run.get("/v1/classifiers/a")
         doc = orjson.loads(body)

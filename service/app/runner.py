@@ -14,14 +14,17 @@ import logging
 import signal
 import time
 from collections import defaultdict
+from urllib.parse import urlsplit
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 
 from schemas.parse import dead_letter_record, parse_labels, parse_scores
+from ..config import mask_url
 from ..ingest.ingestor import ScoreIngestor
 from ..labels.folder import LabelFolder
 from .ownership import preferred_owner
@@ -34,6 +37,16 @@ BACKOFF_MAX_S = 5.0
 PROBE_INTERVAL_S = 2.0
 READY_WINDOW_S = 3 * PROBE_INTERVAL_S
 LEASE_MS = 10_000
+
+
+class StartupError(RuntimeError):
+    """The service cannot start (wrong credentials, unreachable Kafka); the message holds no secret."""
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` (redis-py's repr, e.g. ``auth:AuthenticationError``, omits the message)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -72,7 +85,7 @@ class Service:
     def __init__(self, settings) -> None:
         self.settings = settings
         self.redis = Redis.from_url(settings.redis_url_with_credentials(), socket_timeout=5, socket_connect_timeout=5,
-                                    health_check_interval=10)
+                                    health_check_interval=10, **settings.redis_client_kwargs())
         self.store = Store(self.redis, settings.redis_key_prefix)
         self.ingestor = ScoreIngestor(self.store, settings)
         self.folder = LabelFolder(self.store)
@@ -94,15 +107,37 @@ class Service:
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
+        """Connect to Redis and Kafka.  Raises `StartupError` (a message without secrets) when Redis
+        rejects the credentials or Kafka cannot be bootstrapped; Redis being merely down is reported
+        by readiness instead."""
+        await self._check_redis()
         kafka = self.settings.kafka_client_kwargs()
-        self.producer = AIOKafkaProducer(acks="all", linger_ms=5, enable_idempotence=False, **kafka)
-        await self.producer.start()
-        self.consumer = AIOKafkaConsumer(
-            group_id=self.settings.kafka_consumer_group, enable_auto_commit=False, auto_offset_reset="earliest",
-            session_timeout_ms=self.settings.kafka_session_timeout_ms, heartbeat_interval_ms=500,
-            max_poll_records=self.settings.batch_max_records, **kafka)
-        self.consumer.subscribe([self.settings.topic_scores, self.settings.topic_labels], listener=_Rebalance(self))
-        await self.consumer.start()
+        try:
+            self.producer = AIOKafkaProducer(acks="all", linger_ms=5, enable_idempotence=False, **kafka)
+            await self.producer.start()
+            self.consumer = AIOKafkaConsumer(
+                group_id=self.settings.kafka_consumer_group, enable_auto_commit=False, auto_offset_reset="earliest",
+                session_timeout_ms=self.settings.kafka_session_timeout_ms, heartbeat_interval_ms=500,
+                max_poll_records=self.settings.batch_max_records, **kafka)
+            self.consumer.subscribe([self.settings.topic_scores, self.settings.topic_labels], listener=_Rebalance(self))
+            await self.consumer.start()
+        except KafkaError as exc:
+            s = self.settings
+            how = s.kafka_security_protocol + (f" with SASL {s.kafka_sasl_mechanism} as user {s.kafka_sasl_username!r}"
+                                               if s.kafka_security_protocol.startswith("SASL_") else "")
+            raise StartupError(f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
+                               "the aiokafka log line above has the broker's answer") from None
+
+    async def _check_redis(self) -> None:
+        try:
+            await asyncio.wait_for(self.redis.ping(), PROBE_INTERVAL_S)
+        except AuthenticationError as exc:
+            user = self.settings.redis_username or urlsplit(self.settings.redis_url).username or "default"
+            raise StartupError(f"Redis at {mask_url(self.settings.redis_url)} rejected the credentials of user "
+                               f"{user!r}: {describe(exc)} (check STRATAMETER_REDIS_USERNAME / "
+                               "STRATAMETER_REDIS_PASSWORD)") from None
+        except Exception as exc:  # noqa: BLE001 - down or unreachable: readiness reports it, we keep trying
+            log.warning("redis not reachable at start: %s", describe(exc))
 
     async def stop(self) -> None:
         try:
@@ -138,7 +173,7 @@ class Service:
                     await asyncio.wait_for(probe(), PROBE_INTERVAL_S)
                     setattr(self, mark, time.time())
                 except Exception as exc:  # noqa: BLE001 - any failure means not ready
-                    log.warning("%s probe failed: %r", mark.split("_")[0], exc)
+                    log.warning("%s probe failed: %s", mark.split("_")[0], describe(exc))
             try:
                 await asyncio.wait_for(self.stopping.wait(), PROBE_INTERVAL_S)
             except asyncio.TimeoutError:
@@ -224,7 +259,7 @@ class Service:
                     if o.outcome in ("unknown", "duplicate", "expired"):
                         rejects.append((pos, "unknown_request" if o.outcome == "unknown" else o.outcome,
                                         f"label for request_id {batch.request_id[o.index]!r}: {o.outcome}"))
-                    if o.outcome == "unknown" and o.classifier_id == "" and "/" not in batch.request_id[o.index]:
+                    if o.classifier_id == "":  # names no classifier: counted service-wide
                         unknown_global.append(pos)
                     if o.outcome in ("accepted", "skipped"):
                         self.wake.set()
@@ -346,7 +381,13 @@ async def run(settings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stopping.set)
     server = await serve(service, settings.http_host, settings.http_port)
-    await service.start()
+    try:
+        await service.start()
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        server.close()
+        await service.stop()
+        return 1
     log.info("stratameter started", extra={"settings": settings.safe_dict()})
     tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever()),
              asyncio.create_task(service.probe_forever())]

@@ -33,7 +33,7 @@ def split_request_id(rid: str) -> str | None:
 @dataclass
 class LabelOutcome:
     index: int  # position in the batch
-    classifier_id: str  # "" when the request id names no classifier
+    classifier_id: str  # "" when the request id names no classifier (counted service-wide by the caller)
     outcome: str  # one of OUTCOMES, or "replay" (already applied before a restart)
     chunk: int | None = None
     stratum: int | None = None
@@ -65,6 +65,6 @@ class LabelFolder:
                 outcome = res[0]
                 chunk = int(res[1]) if len(res) > 1 else None
                 stratum = int(res[2]) if len(res) > 2 else None
-                out.append(LabelOutcome(i, "" if outcome == "unknown" else cid, outcome, chunk, stratum))
+                out.append(LabelOutcome(i, cid, outcome, chunk, stratum))
         out.sort(key=lambda o: o.index)
         return out
