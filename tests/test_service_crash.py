@@ -76,7 +76,7 @@ async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bo
              for i, p in enumerate(ports)]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
     await producer.start()
-    await work.produce(producer, classifiers, per)
+    await work.produce(producer, classifiers, per, BAD)
     reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
     try:
         for p in procs:
@@ -98,6 +98,11 @@ async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bo
                     if f'stratameter_scores_total{{classifier="{cid}"}}' in body.decode():
                         exporters[cid].append(i)
         assert all(len(v) == 1 for v in exporters.values()), exporters
+        # service-wide series come from exactly one live instance, so a sum over replicas is right
+        invalid = [sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                       if line.startswith("stratameter_invalid_messages_total{"))
+                   for body in [(await http_get(p.port, "/metrics"))[1].decode() for p in procs if p.alive]]
+        assert sorted(invalid) == [0.0] * (len(invalid) - 1) + [float(len(BAD))], invalid
     finally:
         reviewer.cancel()
         await asyncio.gather(reviewer, return_exceptions=True)

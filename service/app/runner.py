@@ -37,6 +37,9 @@ BACKOFF_MAX_S = 5.0
 PROBE_INTERVAL_S = 2.0
 READY_WINDOW_S = 3 * PROBE_INTERVAL_S
 LEASE_MS = 10_000
+#: Service-wide series (invalid records, unroutable labels) are exported by one replica only, the
+#: rendezvous owner of this pseudo-classifier, so summing over replicas never double-counts them.
+GLOBAL_SERIES_OWNER = ""
 
 
 class StartupError(RuntimeError):
@@ -104,6 +107,7 @@ class Service:
         self.lag: dict[tuple[str, int], int] = {}
         self._republished: set[str] = set()
         self._free_since: dict[str, float] = {}
+        self.exports_global = True  # until the first heartbeat says otherwise
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -341,6 +345,7 @@ class Service:
         """Take or keep the leases this instance should hold, hand over the others."""
         me = self.settings.instance_id
         live = await self.store.heartbeat(me, int(time.time() * 1000), LEASE_MS)
+        self.exports_global = preferred_owner(GLOBAL_SERIES_OWNER, live) == me
         cids = await self.store.classifiers()
         holders = await self.store.lease_holders(cids)
         owned = set()
@@ -375,7 +380,9 @@ class Service:
 async def run(settings) -> int:
     """Run until SIGTERM/SIGINT: finish the batch in hand, commit, close."""
     from ..api.http import serve
+    from .logs import redact
 
+    redact(settings.secret_values())
     service = Service(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -85,7 +85,8 @@ class SnapshotCollector:
 
 
 async def render(service) -> bytes:
-    """The /metrics body for `service` (only the classifiers it owns)."""
+    """The /metrics body for `service`: the classifiers it owns, and the service-wide
+    series if it is their designated exporter (see runner.GLOBAL_SERIES_OWNER)."""
     views = []
     for cid in sorted(service.owned):
         v = await classifier_view(service.store, cid, service.settings.for_classifier(cid))
@@ -93,8 +94,11 @@ async def render(service) -> bytes:
             meta = await service.store.classifier_summary(cid)
             v["last_label_ms"] = int(meta["counters"].get("last_label_ms", 0))
             views.append(v)
-    invalid = await service.store.invalid_counts()
-    raw = await service.redis.hget(service.store.keys.global_stem + ":labels_unknown", "unknown")
+    if service.exports_global:
+        invalid = await service.store.invalid_counts()
+        raw = await service.redis.hget(service.store.keys.global_stem + ":labels_unknown", "unknown")
+    else:
+        invalid, raw = {}, 0
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(views, invalid, int(raw or 0), dict(service.lag), service.dead_letters_dropped))
     ProcessCollector(registry=registry)
