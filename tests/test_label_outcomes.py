@@ -46,6 +46,9 @@ async def test_expired_requests_are_replaced_and_late_answers_not_folded(kafka_b
         assert doc["labels_by_outcome"]["accepted"] == doc["labels"]
         assert all(s["positives"] == s["labels"] for s in doc["strata"])  # the late False answers were not folded
         assert doc["label_requests"] >= 8  # the 4 expired ones were replaced
+        _, body = await run.get("/metrics")
+        assert f'stratameter_label_requests_expired_total{{classifier="clf"}} {float(doc["requests_expired"])}' \
+            in body.decode()
         items = [r["item_id"] for r in reviewer.requests]
         assert len(items) == len(set(items)), "an item was requested twice"
         per_stratum = {}

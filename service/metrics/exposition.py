@@ -29,6 +29,9 @@ class SnapshotCollector:
         )}
         scores = CounterMetricFamily("stratameter_scores", "Score records counted", labels=["classifier"])
         requests = CounterMetricFamily("stratameter_label_requests", "Label requests issued", labels=["classifier"])
+        expired = CounterMetricFamily("stratameter_label_requests_expired",
+                                      "Label requests that reached their deadline unanswered (then replaced)",
+                                      labels=["classifier"])
         labels = CounterMetricFamily("stratameter_labels", "Label records by outcome", labels=["classifier", "outcome"])
         per_stratum = {name: GaugeMetricFamily(name, doc, labels=["classifier", "stratum"]) for name, doc in (
             ("stratameter_stratum_items", "Predicted positives in the stratum (reported chunk)"),
@@ -50,6 +53,7 @@ class SnapshotCollector:
                 g["stratameter_last_label_timestamp_seconds"].add_metric([cid], v["last_label_ms"] / 1000)
             scores.add_metric([cid], v["scores"])
             requests.add_metric([cid], v["label_requests"])
+            expired.add_metric([cid], v["requests_expired"])
             for o in OUTCOMES:
                 if o == "unknown":
                     unknown += v["labels_by_outcome"][o]
@@ -77,6 +81,7 @@ class SnapshotCollector:
         yield from g.values()
         yield scores
         yield requests
+        yield expired
         yield labels
         yield from per_stratum.values()
         yield invalid
