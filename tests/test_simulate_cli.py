@@ -172,7 +172,35 @@ def test_simulate_budget_mode(capsys):
 def test_simulate_budget_too_small_for_the_strata_gives_null_not_nan(capsys):
     # 3 labels cannot reach 4 strata: no estimate, reported as null (valid JSON)
     doc = run_json(capsys, "--runs", "10", "--budget", "3", "--workers", "1")
-    assert doc["methods"][1]["mse"] is None
+    row = doc["methods"][1]
+    assert row["mse"] is None and row["mse_ratio_vs_random"] is None and row["no_estimate"] == 1.0
+    assert doc["methods"][0]["no_estimate"] == 0.0  # random (K=1) always has an estimate
+
+
+def test_simulate_budget_runs_without_estimate_are_reported_not_dropped(capsys):
+    # equal-width strata on steep with opt (random multinomial rounds): some
+    # runs have not labelled every stratum at 12 labels: they are counted, and the MSE
+    # ratio (which would compare differently selected runs) is withheld
+    doc = run_json(capsys, "--builtin", "steep", "--runs", "200", "--budget", "12", "--methods", "opt",
+                   "--stratifications", "equal", "--workers", "1")
+    base, row = doc["methods"]
+    assert base["no_estimate"] == 0.0 and base["mse_ratio_vs_random"] == 1.0
+    assert 0.0 < row["no_estimate"] < 1.0
+    assert row["mse"] > 0 and row["mse_ratio_vs_random"] is None
+
+
+def test_simulate_without_replacement_terminates_on_a_tiny_population(tmp_path, capsys):
+    # 40 items, equal-width strata: uni used to give 0 labels per round forever
+    rng = np.random.default_rng(1)
+    s = np.concatenate([rng.uniform(0.5, 0.52, 37), [0.9, 0.95, 0.99]])
+    path = tmp_path / "tiny.csv"
+    path.write_text("score,label\n" + "".join(f"{x},{int(x > 0.51)}\n" for x in s))
+    doc = run_json(capsys, "--population", str(path), "--without-replacement", "--methods", "uni",
+                   "--stratifications", "equal", "--runs", "20", "--delta", "0.01", "--workers", "1")
+    assert all(r["labels_mean"] <= 40 for r in doc["methods"])
+    doc = run_json(capsys, "--population", str(path), "--without-replacement", "--methods", "uni",
+                   "--stratifications", "equal", "--runs", "20", "--budget", "60", "--workers", "1")
+    assert doc["methods"][1]["mse"] == pytest.approx(0.0, abs=1e-12)  # everything labelled: exact
 
 
 def test_simulate_population_file_and_table(tmp_path, capsys):

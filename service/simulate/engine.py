@@ -132,7 +132,9 @@ def run_until_stop(st: StrataTruth, design: Design, protocol: Protocol, runs: in
                                 fpc=not protocol.with_replacement)
         streak[active] = stopping.next_streak(streak[active], iv.halfwidth, protocol.delta)
         done = stopping.should_stop(streak[active], protocol.rounds)
-        exhausted = na.sum(axis=1) >= cap
+        # a round that gives no labels (without replacement: every item is
+        # labelled) cannot change the interval: the run stops as exhausted
+        exhausted = (na.sum(axis=1) >= cap) | (alloc.sum(axis=1) == 0)
         finish = done | exhausted
         if finish.any():
             idx = active[finish]
@@ -160,7 +162,10 @@ def run_budget(st: StrataTruth, design: Design, budgets, runs: int, seed, confid
     """R runs of the online loop with no stopping rule, observed at each budget.
 
     The last round before a budget is truncated so every run has exactly the
-    budget's label count (Kumar & Raj's fixed-n comparison).
+    budget's label count (Kumar & Raj's fixed-n comparison).  Without
+    replacement a budget above the population size cannot be reached: once a
+    round gives no labels (everything is labelled) the remaining budgets are
+    observed at the final, complete state.
     """
     budgets = np.asarray(sorted(set(int(b) for b in budgets)))
     if budgets.size == 0 or budgets[0] < 1:
@@ -183,6 +188,8 @@ def run_budget(st: StrataTruth, design: Design, budgets, runs: int, seed, confid
         n += alloc
         used += step
         r += 1
+        if not alloc.any():
+            used = int(budgets[-1])  # exhausted: nothing more to label
         while b < budgets.size and used >= budgets[b]:
             iv = estimator.interval(st.N, n, h, confidence, design.interval, fpc=not with_replacement)
             res.estimate[b], res.lower[b], res.upper[b] = iv.estimate, iv.lower, iv.upper

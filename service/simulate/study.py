@@ -7,6 +7,16 @@ of runs whose estimate is within delta of the truth), %Change vs random and
 label count relative to random sampling and to the closed-form Neyman bound
 of the design's own binning).  With a budget it reports Kumar & Raj's mean
 squared error ratio at a fixed label count instead.
+
+Budget mode and strata without labels: the stratified estimator has no value
+while a non-empty stratum has no label (`estimator.stratified_estimate` is
+NaN), which happens at small budgets (e.g. equal-width strata holding 1 % of
+the items, or ``opt_a2``'s starved strata).  Such a run is not dropped
+silently: ``no_estimate`` is the share of runs with no estimate at the
+budget; ``mse``, ``mean_abs_error`` and ``ci_coverage`` are over the runs
+that have one; and ``mse_ratio_vs_random`` is reported only when both the
+design and random sampling have an estimate in every run (otherwise it
+would compare MSEs over differently selected runs) and is null otherwise.
 """
 
 from __future__ import annotations
@@ -46,10 +56,11 @@ class BudgetSummary:
     method: str
     stratification: str
     budget: int
-    mse: float
-    mse_ratio_vs_random: float | None
-    ci_coverage: float
+    mse: float  # over the runs with an estimate (NaN if none)
+    mse_ratio_vs_random: float | None  # None unless both designs have an estimate in every run
+    ci_coverage: float  # over the runs with an interval
     mean_abs_error: float
+    no_estimate: float = 0.0  # share of runs with no estimate at the budget
 
 
 @dataclass
@@ -98,9 +109,13 @@ def _one_design(args) -> tuple[int, dict]:
         b = run_budget(st, design, [req.budget], req.runs, seed, req.protocol.confidence,
                        req.protocol.with_replacement, req.protocol.labels_per_stratum)
         err = b.estimate[0] - truth
-        result["mse"] = float(np.nanmean(err**2))
-        result["mae"] = float(np.nanmean(np.abs(err)))
-        result["coverage"] = float(np.mean((b.lower[0] <= truth) & (truth <= b.upper[0])))
+        has = np.isfinite(err)
+        has_iv = np.isfinite(b.lower[0]) & np.isfinite(b.upper[0])
+        result["no_estimate"] = float(1.0 - has.mean())
+        result["mse"] = float(np.mean(err[has] ** 2)) if has.any() else math.nan
+        result["mae"] = float(np.mean(np.abs(err[has]))) if has.any() else math.nan
+        covered = (b.lower[0] <= truth) & (truth <= b.upper[0])
+        result["coverage"] = float(np.mean(covered[has_iv])) if has_iv.any() else math.nan
     if req.curve:
         c = run_budget(st, design, req.curve, min(req.runs, 500), np.random.SeedSequence([req.seed, index, 1]),
                        req.protocol.confidence, req.protocol.with_replacement, req.protocol.labels_per_stratum)
@@ -162,14 +177,17 @@ def summarise(req: StudyRequest, results: list[dict]) -> list[DesignSummary]:
 
 
 def summarise_budget(req: StudyRequest, results: list[dict]) -> list[BudgetSummary]:
+    """One row per design; the MSE ratio only where both it and random have an
+    estimate in every run (see the module docstring)."""
     rows = []
-    base = results[0]["mse"]
+    base, base_missing = results[0]["mse"], results[0]["no_estimate"]
     for d, r in zip(req.designs, results):
+        comparable = r["no_estimate"] == 0 and base_missing == 0 and base > 0
         rows.append(BudgetSummary(
             method=d.method, stratification="none" if d.method == "random" else d.stratification,
             budget=int(req.budget or 0), mse=r["mse"],
-            mse_ratio_vs_random=r["mse"] / base if base > 0 else None,
-            ci_coverage=r["coverage"], mean_abs_error=r["mae"],
+            mse_ratio_vs_random=r["mse"] / base if comparable else None,
+            ci_coverage=r["coverage"], mean_abs_error=r["mae"], no_estimate=r["no_estimate"],
         ))
     return rows
 

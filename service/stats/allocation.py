@@ -3,8 +3,10 @@
 Every function takes the state of one or many runs as arrays whose last axis
 is the stratum axis (``N`` sizes, ``n`` labels so far, ``h`` positives so
 far, ``q`` mean calibrated score per stratum) and returns an integer array of
-the same shape whose rows sum to the round size (less only where strata are
-exhausted under sampling without replacement).
+the same shape whose rows sum to the round size (less only when sampling
+without replacement has labelled the whole population: labels a full stratum
+cannot take go to the strata with room), and never give labels to a stratum
+with no items (``N_k = 0``).
 
 Methods:
 * ``opt``       Bennett & Carvalho (2010, Fig. 1): counts drawn from
@@ -57,10 +59,31 @@ def largest_remainder(shares: np.ndarray, total) -> np.ndarray:
     return base + (rank < short[..., None])
 
 
-def _cap(alloc: np.ndarray, N, n, with_replacement: bool) -> np.ndarray:
+def _cap(alloc: np.ndarray, N, n, with_replacement: bool, shares=None) -> np.ndarray:
+    """Without replacement, never more labels than a stratum's unlabelled items.
+
+    Labels a full stratum cannot take go to the strata with room (in
+    proportion to the method's own ``shares`` among them, else to their room),
+    so a round is short only when the whole population is labelled.
+    """
+    alloc = np.asarray(alloc, dtype=np.int64)
     if with_replacement:
         return alloc
-    return np.minimum(alloc, np.maximum(np.asarray(N) - np.asarray(n), 0).astype(np.int64))
+    shape = alloc.shape
+    room = np.broadcast_to(np.maximum(np.asarray(N) - np.asarray(n), 0), shape).astype(np.int64)
+    want = alloc.sum(axis=-1)
+    out = np.minimum(alloc, room)
+    w = None if shares is None else np.broadcast_to(np.asarray(shares, dtype=float), shape)
+    for _ in range(shape[-1]):
+        short = np.minimum(want - out.sum(axis=-1), (room - out).sum(axis=-1))
+        if not np.any(short > 0):
+            break
+        free = (room - out) > 0
+        weight = np.where(free, w if w is not None else 0.0, 0.0)
+        weight = np.where(weight.sum(axis=-1, keepdims=True) > 0, weight, (room - out) * free)
+        extra = largest_remainder(weight, np.maximum(short, 0))
+        out = np.minimum(out + extra, room)
+    return out
 
 
 def pseudo_smoothed(n, h, q, weight: float = PSEUDO_WEIGHT) -> np.ndarray:
@@ -84,14 +107,14 @@ def neyman_shares(N, p) -> np.ndarray:
 def allocate_opt(N, n, h, D, rng: np.random.Generator, with_replacement=True) -> np.ndarray:
     """Bennett & Carvalho (2010, Fig. 1): ``Multinomial(D, N_k sigma_k)``."""
     shares = neyman_shares(N, bennett_smoothed(n, h))
-    return _cap(_multinomial(D, shares, rng), N, n, with_replacement)
+    return _cap(_multinomial(D, shares, N, rng), N, n, with_replacement, shares)
 
 
 def allocate_opt_conf(N, n, h, q, D, rng: np.random.Generator, with_replacement=True) -> np.ndarray:
     """Druck & McCallum (2011) "opt conf online": ``opt`` with sigma_k from
     labels mixed with score-based pseudo-observations (`pseudo_smoothed`)."""
     shares = neyman_shares(N, pseudo_smoothed(n, h, q))
-    return _cap(_multinomial(D, shares, rng), N, n, with_replacement)
+    return _cap(_multinomial(D, shares, N, rng), N, n, with_replacement, shares)
 
 
 def allocate_opt_a2(N, n, h, D, round_index: int, n_ini: int = 5, with_replacement=True) -> np.ndarray:
@@ -105,27 +128,29 @@ def allocate_opt_a2(N, n, h, D, round_index: int, n_ini: int = 5, with_replaceme
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     shape = np.broadcast_shapes(N.shape, n.shape)
-    if round_index == 0:
-        return _cap(np.full(shape, n_ini, dtype=np.int64), N, n, with_replacement)
+    if round_index == 0:  # n_ini per non-empty stratum (all of a smaller one)
+        first = np.where(np.broadcast_to(N, shape) > 0, n_ini, 0).astype(np.int64)
+        return first if with_replacement else np.minimum(first, np.maximum(N - n, 0).astype(np.int64))
     p = np.asarray(h, dtype=float) / np.maximum(n, 1.0)
     s2 = np.where(n > 1, n / np.maximum(n - 1.0, 1.0), 0.0) * p * (1 - p)
     shares = np.broadcast_to(N * np.sqrt(s2), shape)
     pure = shares.sum(axis=-1, keepdims=True) <= 0
     shares = np.where(pure, np.broadcast_to(N, shape), shares)
-    return _cap(largest_remainder(shares, D), N, n, with_replacement)
+    return _cap(largest_remainder(shares, D), N, n, with_replacement, shares)
 
 
 def allocate_proportional(N, n, D, with_replacement=True) -> np.ndarray:
     """``pps``: cumulative labels track ``n_total * N_k / N`` (deficit rounding)."""
     shape = np.broadcast_shapes(np.shape(N), np.shape(n))
-    return _cap(_track(np.broadcast_to(np.asarray(N, float), shape), n, D), N, n, with_replacement)
+    shares = np.broadcast_to(np.asarray(N, float), shape)
+    return _cap(_track(shares, n, D), N, n, with_replacement, shares)
 
 
 def allocate_uniform(N, n, D, with_replacement=True) -> np.ndarray:
     """``uni``: cumulative labels track an equal split over the strata."""
     shape = np.broadcast_shapes(np.shape(N), np.shape(n))
     shares = np.where(np.broadcast_to(np.asarray(N), shape) > 0, 1.0, 0.0)
-    return _cap(_track(shares, n, D), N, n, with_replacement)
+    return _cap(_track(shares, n, D), N, n, with_replacement, shares)
 
 
 def allocate_opt_track(N, n, h, q, D, with_replacement=True) -> np.ndarray:
@@ -144,39 +169,44 @@ def allocate_opt_track(N, n, h, q, D, with_replacement=True) -> np.ndarray:
       cumulative allocation converges to Neyman's and the label count to the
       oracle's, with no extra randomness in n_k.
     Every stratum first gets ``MIN_LABELS_PER_STRATUM`` labels so that its
-    variance can be estimated.
+    variance can be estimated; the rest of that warm-up round (the round always
+    has ``D`` labels) goes by the tracking rule.
     """
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     shape = np.broadcast_shapes(N.shape, n.shape)
     need = np.where(np.broadcast_to(N, shape) > 0, np.maximum(MIN_LABELS_PER_STRATUM - n, 0.0), 0.0)
-    if np.any(need > 0):
-        fill = need.sum(axis=-1) > 0
-        warm = largest_remainder(need, np.minimum(need.sum(axis=-1), D).astype(np.int64))
-    else:
-        fill = np.zeros(shape[:-1], dtype=bool)
-        warm = np.zeros(shape, dtype=np.int64)
+    warm = largest_remainder(need, np.minimum(need.sum(axis=-1), D).astype(np.int64))
     shares = np.broadcast_to(neyman_shares(N, half_label_smoothed(n, h)), shape)
-    tracked = _track(shares, n, D)
-    alloc = np.where(fill[..., None], warm, tracked)
-    return _cap(alloc, N, n, with_replacement)
+    rest = D - warm.sum(axis=-1)
+    alloc = warm + _track(shares, n + warm, rest)
+    return _cap(alloc, N, n, with_replacement, shares)
 
 
 def _track(shares: np.ndarray, n, D) -> np.ndarray:
-    """Split ``D`` so cumulative counts move toward ``(sum n + D) * share``."""
+    """Split ``D`` (per row) so cumulative counts move toward ``(sum n + D) * share``.
+
+    Rows whose shares are all zero (every non-empty stratum pure, or no
+    non-empty stratum known) fall back to an even split over the strata with a
+    non-zero share if any, else over all strata.
+    """
     shares = np.asarray(shares, dtype=float)
     n = np.asarray(n, dtype=float)
+    D = np.broadcast_to(np.asarray(D), np.broadcast_shapes(shares.shape, n.shape)[:-1])
     s = shares.sum(axis=-1, keepdims=True)
     frac = shares / np.where(s > 0, s, 1.0)
-    target = (n.sum(axis=-1, keepdims=True) + D) * frac
+    target = (n.sum(axis=-1, keepdims=True) + D[..., None]) * frac
     deficit = np.maximum(target - n, 0.0)
     return largest_remainder(np.where(deficit.sum(axis=-1, keepdims=True) > 0, deficit, frac), D)
 
 
-def _multinomial(D, shares: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _multinomial(D, shares: np.ndarray, N, rng: np.random.Generator) -> np.ndarray:
+    """``Multinomial(D, shares)``; all-zero shares (every stratum pure) fall
+    back to ``N_k``, never to a stratum with no items."""
     shares = np.asarray(shares, dtype=float)
     s = shares.sum(axis=-1, keepdims=True)
-    p = np.where(s > 0, shares / np.where(s > 0, s, 1.0), 1.0 / shares.shape[-1])
+    size = np.broadcast_to(np.asarray(N, dtype=float), shares.shape)
+    p = np.where(s > 0, shares, size)
     p = p / p.sum(axis=-1, keepdims=True)
     return rng.multinomial(D, p).astype(np.int64)
 
