@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.stats.estimator import (
+    STOPPING_VARIANCE_MARGIN,
+    adaptive_bias_corrected,
     bennett_smoothed,
     interval,
     neyman_oracle_labels,
@@ -136,27 +138,22 @@ def test_bad_counts_raise(N, n, h, what):
             fn(N, n, h)
 
 
-@pytest.mark.xfail(strict=True, reason="estimator.py: NaN label counts give a finite estimate "
-                                       "(reported; estimator.py is being edited elsewhere)")
-def test_nan_counts_raise_or_give_nan():
-    # A NaN count must not turn into a finite estimate (here 0.25 = the other stratum alone).
-    for n, h in (([2, np.nan], [1, 1]), ([2, 2], [1, np.nan])):
-        try:
-            est = stratified_estimate([10, 10], n, h)
-        except ValueError:
-            continue
-        assert np.isnan(est)
+@pytest.mark.parametrize("n, h", [([2, np.nan], [1, 1]), ([2, 2], [1, np.nan]), ([2, np.inf], [1, 1])])
+def test_nan_counts_raise(n, h):
+    # A NaN count must not turn into a finite estimate (it was 0.25 = the other stratum alone).
+    for fn in (stratified_estimate, stratified_variance, wilson_interval, normal_interval):
+        with pytest.raises(ValueError, match="counts must be finite"):
+            fn([10, 10], n, h)
 
 
-@pytest.mark.xfail(strict=True, reason="estimator.py: a NaN/inf stratum size gives variance 0.0 "
-                                       "(reported; estimator.py is being edited elsewhere)")
-def test_non_finite_sizes_raise_or_give_nan_variance():
-    for N in ([10, np.nan], [10, np.inf]):
-        try:
-            v = stratified_variance(N, [2, 2], [1, 1])
-        except ValueError:
-            continue
-        assert np.isnan(v)
+@pytest.mark.parametrize("N", [[10, np.nan], [10, np.inf], [np.nan, np.nan]])
+def test_non_finite_sizes_raise(N):
+    # a NaN/inf stratum size gave variance 0.0
+    for fn in (stratified_estimate, stratified_variance, wilson_interval, normal_interval):
+        with pytest.raises(ValueError, match="stratum sizes must be finite"):
+            fn(N, [2, 2], [1, 1])
+    with pytest.raises(ValueError, match="stratum sizes must be finite"):
+        weights(N)
 
 
 # ---------------------------------------------------------------- unbiasedness
@@ -224,7 +221,8 @@ def test_estimate_unbiased_property(strata, seed):
     runs = 4000
     est = stratified_estimate(N, n, _binomial_runs(N, P, n, runs, seed))
     truth = float(np.dot(weights(N), P))
-    se = est.std(ddof=1) / math.sqrt(runs)
+    # the true standard error (the sample one is 0 when P ~ 1 gives all ones)
+    se = math.sqrt(float(np.sum(weights(N) ** 2 * np.multiply(P, np.subtract(1, P)) / n)) / runs)
     assert abs(est.mean() - truth) <= 4.5 * se + 1e-12
 
 
@@ -262,7 +260,7 @@ def test_wilson_one_pure_stratum_is_textbook_wilson(n, all_positive):
     h = n if all_positive else 0
     lo, hi = textbook_wilson(h / n, n, Z95)
     iv = wilson_interval([10**6], [n], [h], 0.95, fpc=False)
-    assert iv.estimate == h / n
+    assert iv.estimate == pytest.approx((lo + hi) / 2, abs=1e-12)  # the interval's centre
     assert iv.lower == pytest.approx(lo, abs=1e-12)
     assert iv.upper == pytest.approx(hi, abs=1e-12)
     # by hand for 20/20: lower = 1 / (1 + z^2/20) = 20 / (20 + z^2)
@@ -279,13 +277,16 @@ def test_wilson_several_pure_strata_use_the_total_label_count():
 @pytest.mark.parametrize("N, n, h", [(N2, n2, h2), ([50], [30], [21]), ([7, 90, 400], [3, 12, 9], [1, 7, 8])])
 def test_wilson_is_wilson_at_the_effective_sample_size(N, n, h):
     # Whatever the variance guards, the documented form is Wilson's interval
-    # with n replaced by n_eff = p(1-p)/v, v = stderr^2.
+    # around the bias-corrected estimate p with n replaced by
+    # n_eff = p(1-p)/v, v = STOPPING_VARIANCE_MARGIN * stderr^2; the estimate
+    # reported is the interval's centre.
     iv = wilson_interval(N, n, h, 0.95, fpc=False)
-    p = float(iv.estimate)
-    n_eff = p * (1 - p) / float(iv.stderr) ** 2
+    p = float(adaptive_bias_corrected(N, n, h, var=iv.stderr**2))
+    n_eff = p * (1 - p) / (STOPPING_VARIANCE_MARGIN * float(iv.stderr) ** 2)
     lo, hi = textbook_wilson(p, n_eff, Z95)
     assert iv.lower == pytest.approx(lo, abs=1e-12)
     assert iv.upper == pytest.approx(hi, abs=1e-12)
+    assert float(iv.estimate) == pytest.approx((lo + hi) / 2, abs=1e-12)
 
 
 def test_wilson_nan_bounds_without_two_labels_per_stratum():

@@ -28,6 +28,10 @@ def _as_counts(N, n, h) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     h = np.asarray(h, dtype=float)
+    if not np.all(np.isfinite(N)):
+        raise ValueError("stratum sizes must be finite numbers (got NaN or inf)")
+    if not (np.all(np.isfinite(n)) and np.all(np.isfinite(h))):
+        raise ValueError("label and positive counts must be finite numbers (got NaN or inf)")
     if np.any(n < 0) or np.any(h < 0) or np.any(h > n):
         raise ValueError("counts must satisfy 0 <= positives <= labels in every stratum")
     if np.any(N < 0):
@@ -38,6 +42,8 @@ def _as_counts(N, n, h) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def weights(N) -> np.ndarray:
     """Stratum weights ``W_k = N_k / N`` (Kumar & Raj, Eq. 4)."""
     N = np.asarray(N, dtype=float)
+    if not np.all(np.isfinite(N)):
+        raise ValueError("stratum sizes must be finite numbers (got NaN or inf)")
     total = N.sum(axis=-1, keepdims=True)
     if np.any(total <= 0):
         raise ValueError("the population is empty: all stratum sizes are 0")
@@ -140,7 +146,7 @@ def half_label_smoothed(n, h) -> np.ndarray:
     return (h + 0.5) / (n + 1.0)
 
 
-def adaptive_bias_corrected(N, n, h, var=None) -> np.ndarray:
+def adaptive_bias_corrected(N, n, h, var=None, fpc: bool = False) -> np.ndarray:
     """Stratified estimate with the first-order bias of data-dependent ``n_k`` removed.
 
     With adaptive (Neyman-tracking) allocation and a variance-based stopping
@@ -162,6 +168,8 @@ def adaptive_bias_corrected(N, n, h, var=None) -> np.ndarray:
     (4000 runs) it removes the +0.1..+0.3 sd bias that made the default design
     miss the target InConf near precision 1; for non-adaptive designs it is an
     O(1/n) shift (the stopping-rule part still applies to them).
+    With ``fpc`` (sampling without replacement) ``Var(p_k)`` carries the finite
+    population correction, so a fully labelled stratum is taken as exact.
     `stratified_estimate` stays the plain, unbiased-for-fixed-n estimator.
     """
     N, n, h = _as_counts(N, n, h)
@@ -172,6 +180,8 @@ def adaptive_bias_corrected(N, n, h, var=None) -> np.ndarray:
     pbar = half_label_smoothed(n, h)
     p_k = h / np.maximum(n, 1.0)
     var_k = p_k * (1.0 - p_k) / np.maximum(n, 1.0)
+    if fpc:
+        var_k = var_k * np.clip(1.0 - n / np.maximum(N, 1.0), 0.0, 1.0)
     g = (1.0 - 2.0 * pbar) / (2.0 * pbar * (1.0 - pbar))
     v = np.asarray(var, dtype=float)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -180,6 +190,17 @@ def adaptive_bias_corrected(N, n, h, var=None) -> np.ndarray:
     shift = (g * n / (n + 1.0) + stop_slope) * var_k
     est = np.sum(W * np.clip(p_k + shift, 0.0, 1.0), axis=-1)
     return np.where(np.isfinite(base), est, np.nan)
+
+
+#: Variance inflation of the default interval for the sequential stopping rule.
+#: The design stops the first time the *estimated* half-width is <= delta, so
+#: it stops preferentially where the variance is underestimated (first-passage
+#: selection, Anscombe 1952; Chow & Robbins 1965 give it only asymptotically).
+#: Measured on `calibrated` (delta 0.01, 8000 runs): the true variance of the
+#: estimator at the realised allocation exceeds the estimate at stop by 2.7 %
+#: on average, and InConf was 0.943 (16000 runs).  Inflating by 3.5 % costs
+#: 3.5 % labels and brings every built-in population to InConf >= 0.95.
+STOPPING_VARIANCE_MARGIN = 1.035
 
 
 def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Interval:
@@ -199,13 +220,29 @@ def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Inte
       not contribute zero variance (the same reason Wilson beats Wald);
     * ``n_eff`` is never above what the labels can support: if every stratum
       is pure, ``n_eff`` is the total label count (Korn & Graubard 1998).
-    Returns NaN bounds where a non-empty stratum has fewer than 2 labels.
+
+    The reported estimate is the interval's centre (Wilson 1927; the
+    "adjusted" point estimate of Agresti & Coull 1998, Am. Stat. 52:119),
+    computed from the bias-corrected stratified estimate
+    (`adaptive_bias_corrected`).  Near p = 1 the score interval is asymmetric
+    and the raw estimate sits near its top: the stopping rule bounds the
+    half-width, which bounds the distance from the *centre*, so InConf
+    (|estimate - truth| <= delta) equals the coverage only for the centre.
+    Measured (4000 runs, default design): near-perfect at delta 0.02 went
+    from InConf 0.936 (raw) to 0.970; the shrinkage toward 1/2 is
+    ``z^2 / (2 n_eff)`` of ``p - 1/2``.  The variance is inflated by
+    `STOPPING_VARIANCE_MARGIN` (see there).  ``stderr`` is the plain
+    standard error, without the margin.
+    Returns NaN bounds (and the uncentred estimate) where a non-empty stratum
+    has fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
     z = z_value(confidence)
     p_var = half_label_smoothed(n, h)
     var = stratified_variance(N, n, h, fpc=fpc, p_var=p_var)
-    est = adaptive_bias_corrected(N, n, h, var)
+    est = adaptive_bias_corrected(N, n, h, var, fpc)
+    se = np.sqrt(var)
+    var = var * STOPPING_VARIANCE_MARGIN
     p = np.clip(est, 0.0, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         n_eff = np.where(var > 0, np.maximum(p * (1 - p), 1e-300) / var, np.inf)
@@ -219,7 +256,8 @@ def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Inte
     ok = np.isfinite(var) & np.isfinite(est) & (n_eff > 0)
     lower = np.where(ok, np.clip(center - half, 0.0, 1.0), np.nan)
     upper = np.where(ok, np.clip(center + half, 0.0, 1.0), np.nan)
-    return Interval(est, lower, upper, np.sqrt(var))
+    est = np.where(ok, (lower + upper) / 2.0, est)
+    return Interval(est, lower, upper, se)
 
 
 def interval(N, n, h, confidence: float = 0.95, method: str = "wilson", fpc: bool = True) -> Interval:
