@@ -28,7 +28,8 @@ Kafka   KAFKA_BOOTSTRAP_SERVERS (localhost:9092), KAFKA_CONSUMER_GROUP (stratame
         KAFKA_SSL_CAFILE, KAFKA_SSL_CERTFILE, KAFKA_SSL_KEYFILE (readable files),
         KAFKA_SESSION_TIMEOUT_MS (10000)
 Redis   REDIS_URL (redis://localhost:6379/0; redis://, rediss:// or unix://), REDIS_USERNAME,
-        REDIS_PASSWORD, REDIS_KEY_PREFIX (stratameter; [A-Za-z0-9._:-]+)
+        REDIS_PASSWORD, REDIS_SSL_CAFILE, REDIS_SSL_CERTFILE, REDIS_SSL_KEYFILE (readable files;
+        rediss:// only), REDIS_KEY_PREFIX (stratameter; [A-Za-z0-9._:-]+)
 HTTP    HTTP_HOST (0.0.0.0), HTTP_PORT (9108)
 Topics  TOPIC_SCORES, TOPIC_LABEL_REQUESTS, TOPIC_LABELS, TOPIC_DEAD_LETTER (stratameter.scores,
         stratameter.label-requests, stratameter.labels, stratameter.dead-letter; all different)
@@ -210,6 +211,9 @@ _RULES: dict[str, Callable[[Any], Any]] = {
     "kafka_ssl_keyfile": _readable_file,
     "kafka_session_timeout_ms": _closed(1000),
     "redis_url": _redis_url,
+    "redis_ssl_cafile": _readable_file,
+    "redis_ssl_certfile": _readable_file,
+    "redis_ssl_keyfile": _readable_file,
     "redis_key_prefix": _name("the prefix"),
     "http_host": _nonempty,
     "http_port": _closed(1, 65535),
@@ -375,17 +379,23 @@ def _default_instance_id() -> str:
     return f"{host[:200]}-{os.getpid()}"
 
 
+_QUERY_PASSWORD = re.compile(r"(?i)([?&;]password=)[^&#;]*")
+
+
 def mask_url(url: str) -> str:
-    """`url` with the password of its user info (if any) replaced by asterisks."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-    except ValueError:
-        return url.split("@")[-1] if "@" in url else url
-    user = f"{parts.username}:" if parts.username else ":"
-    netloc = user + _MASK + "@" + parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """`url` with the password of its user info (if any) and a ``password=`` query value masked.
+
+    Works on malformed URLs too: a password with an unencoded ``#``, ``/`` or ``?`` makes
+    `urlsplit` see no password at all, so the user info is cut at the last ``@`` instead.
+    """
+    url = _QUERY_PASSWORD.sub(lambda m: m.group(1) + _MASK, url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url.rpartition("@")[2]
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:{_MASK}@{host}"
 
 
 class Settings(BaseSettings):
@@ -410,6 +420,9 @@ class Settings(BaseSettings):
     redis_url: str = "redis://localhost:6379/0"
     redis_username: str | None = None
     redis_password: SecretStr | None = None
+    redis_ssl_cafile: Path | None = None
+    redis_ssl_certfile: Path | None = None
+    redis_ssl_keyfile: Path | None = None
     redis_key_prefix: str = "stratameter"
     http_host: str = "0.0.0.0"
     http_port: int = 9108
@@ -475,6 +488,13 @@ class Settings(BaseSettings):
                                                   f"is {self.kafka_security_protocol}"))
         if self.kafka_ssl_keyfile is not None and self.kafka_ssl_certfile is None:
             errors.append((env_var("kafka_ssl_keyfile"), f"needs {env_var('kafka_ssl_certfile')}"))
+        if self.redis_ssl_keyfile is not None and self.redis_ssl_certfile is None:
+            errors.append((env_var("redis_ssl_keyfile"), f"needs {env_var('redis_ssl_certfile')}"))
+        if not self.redis_url.startswith("rediss://"):
+            for name in ("redis_ssl_cafile", "redis_ssl_certfile", "redis_ssl_keyfile"):
+                if getattr(self, name) is not None:
+                    errors.append((env_var(name), f"needs a rediss:// {env_var('redis_url')} (TLS), got "
+                                                  f"{urlsplit(self.redis_url).scheme}://"))
         seen: dict[str, str] = {}
         for name in ("topic_scores", "topic_label_requests", "topic_labels", "topic_dead_letter"):
             topic = getattr(self, name)
@@ -533,6 +553,15 @@ class Settings(BaseSettings):
                 keyfile=str(self.kafka_ssl_keyfile) if self.kafka_ssl_keyfile else None)
         return kw
 
+    def redis_client_kwargs(self) -> dict[str, Any]:
+        """TLS keyword arguments for ``redis.asyncio.Redis.from_url`` (empty unless REDIS_SSL_* are set)."""
+        kw: dict[str, Any] = {}
+        for name, arg in (("redis_ssl_cafile", "ssl_ca_certs"), ("redis_ssl_certfile", "ssl_certfile"),
+                          ("redis_ssl_keyfile", "ssl_keyfile")):
+            if getattr(self, name) is not None:
+                kw[arg] = str(getattr(self, name))
+        return kw
+
     def redis_url_with_credentials(self) -> str:
         """`redis_url` with REDIS_USERNAME / REDIS_PASSWORD put in (they win over the URL's own)."""
         if self.redis_password is None and self.redis_username is None:
@@ -557,6 +586,20 @@ class Settings(BaseSettings):
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
     # ---- display
+
+    def secret_values(self) -> list[str]:
+        """The secrets to keep out of every log line: passwords, also the one inside REDIS_URL."""
+        from urllib.parse import unquote
+
+        out = [p.get_secret_value() for p in (self.kafka_sasl_password, self.redis_password) if p is not None]
+        _scheme, _, rest = self.redis_url.partition("://")
+        userinfo, at, _host = rest.rpartition("@")
+        if at and ":" in userinfo:
+            raw = userinfo.split(":", 1)[1]
+            out += [raw, unquote(raw)]
+        for match in _QUERY_PASSWORD.finditer(self.redis_url):
+            out.append(unquote(self.redis_url[match.end(1):match.end()]))
+        return [s for s in dict.fromkeys(out) if s]
 
     def safe_dict(self) -> dict[str, Any]:
         """All settings as JSON-able values for logs: secrets and URL passwords masked."""
