@@ -1,0 +1,12 @@
+"""`stratameter demo`: the whole loop on one machine.
+
+An embedded Kafka-protocol broker (tansu) and Redis, the service as a
+`stratameter run` subprocess, simulated classifiers streaming scores, simulated
+reviewers answering label requests from ground truth, and a live terminal view
+of each classifier's estimate against the true precision of the reported chunk.
+
+* `scenarios`: the simulated classifiers and the per-chunk ground truth.
+* `view`: the figures (random-equivalent labels, summary) and the rich rendering.
+* `orchestra`: starting and stopping everything, the traffic and the reviewers.
+* `command`: the CLI subcommand.
+"""

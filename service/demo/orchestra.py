@@ -1,0 +1,435 @@
+"""Start everything the demo needs, run the traffic and the reviewers, stop everything.
+
+Order of start: the signal handlers, the backends (embedded tansu and Redis
+unless given), the topics, the service (a `stratameter run` subprocess, so the
+demo exercises exactly what production runs), then the score stream, the
+reviewers and the view.  Stop, in reverse, from a `finally`, whatever ended the
+run: the duration, Ctrl-C (SIGINT), SIGTERM or an error.  Every child runs in
+its own session, so a Ctrl-C in the terminal reaches only the demo, which then
+stops them in order (SIGTERM, SIGKILL after a timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from ..config import ConfigError, load_settings
+from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, leave_group_on_stop
+from . import view
+from .scenarios import SCENARIOS, GroundTruth, chunk_of
+
+REVIEWERS = ("ana", "bo", "chen", "dara")
+TICK_S = 0.1
+
+
+@dataclass
+class DemoOptions:
+    duration: float | None = None
+    json: bool = False
+    kafka: str | None = None
+    redis: str | None = None
+    port: int | None = None
+    chunk_seconds: int = 20
+    rate: float = 100.0
+    delta: float = 0.05
+    confidence: float = 0.95
+    strata: int = 4
+    round_labels: int = 4
+    min_delay: float = 0.05
+    max_delay: float = 1.0
+    skip: float = 0.05
+    settle: float = 10.0
+    seed: int | None = None
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+class Demo:
+    def __init__(self, opts: DemoOptions, out, err) -> None:
+        self.opts = opts
+        self.out = out  # rich Console for the view / summary
+        self.err = err  # rich Console for messages
+        self.stop = asyncio.Event()
+        self.signal_name: str | None = None
+        self.truth = GroundTruth()
+        self.docs: dict[str, dict | None] = {s.classifier: None for s in SCENARIOS}
+        self.answered = 0
+        self.skipped = 0
+        self.started = time.time()
+        self.streaming_until: float | None = None
+        self.ends_at: float | None = None
+        self.phase = "starting"
+        self.workdir = Path(tempfile.mkdtemp(prefix="stratameter-demo-"))
+        self.kafka: EmbeddedKafka | None = None
+        self.redis: EmbeddedRedis | None = None
+        self.service: subprocess.Popen | None = None
+        self.service_log = self.workdir / "service.log"
+        self.producer = None
+        self.reviewer = None
+        self.answers: set[asyncio.Task] = set()
+        self.keep_workdir = False  # the service log is kept when the service failed
+        seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little")
+        self.rng = np.random.default_rng(seed)
+        self.delay_rng = random.Random(seed + 1)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.signal_name = self.signal_name or sig.name
+        self.stop.set()
+
+    async def run(self) -> list[dict] | None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        tasks: list[asyncio.Task] = []
+        try:
+            settings = await self._start_backends_and_service()
+            if settings is None:
+                return None
+            tasks = await self._start_traffic(settings)
+            return await self._main_phase()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._shutdown()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def _start_backends_and_service(self):
+        o = self.opts
+        bootstrap = o.kafka or os.environ.get("STRATAMETER_KAFKA_BOOTSTRAP_SERVERS") or None
+        redis_url = o.redis or os.environ.get("STRATAMETER_REDIS_URL") or None
+        run_id = uuid.uuid4().hex[:8]
+        if bootstrap is None:
+            self.kafka = EmbeddedKafka()
+            await asyncio.to_thread(self.kafka.start)
+            bootstrap = self.kafka.bootstrap
+            self.err.print(f"started an embedded Kafka-protocol broker (tansu) on {bootstrap}")
+        if self.stop.is_set():
+            return None
+        if redis_url is None:
+            self.redis = EmbeddedRedis()
+            await asyncio.to_thread(self.redis.start)
+            redis_url = self.redis.url
+            self.err.print(f"started an embedded Redis on {self.redis.address}")
+        if self.stop.is_set():
+            return None
+        # On a broker or Redis of yours, everything the demo writes gets run-specific names.
+        ns = "" if self.kafka is not None else f"stratameter-demo-{run_id}."
+        self.port = o.port or find_free_port()
+        env = dict(os.environ)
+        env.update({
+            "STRATAMETER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "STRATAMETER_KAFKA_CONSUMER_GROUP": f"stratameter-demo-{run_id}",
+            "STRATAMETER_KAFKA_SESSION_TIMEOUT_MS": "6000",
+            "STRATAMETER_REDIS_URL": redis_url,
+            "STRATAMETER_REDIS_KEY_PREFIX": "stratameter" if self.redis is not None else f"stratameter-demo-{run_id}",
+            "STRATAMETER_HTTP_HOST": "127.0.0.1",
+            "STRATAMETER_HTTP_PORT": str(self.port),
+            "STRATAMETER_TOPIC_SCORES": ns + "stratameter.scores",
+            "STRATAMETER_TOPIC_LABEL_REQUESTS": ns + "stratameter.label-requests",
+            "STRATAMETER_TOPIC_LABELS": ns + "stratameter.labels",
+            "STRATAMETER_TOPIC_DEAD_LETTER": ns + "stratameter.dead-letter",
+            "STRATAMETER_CHUNK_SECONDS": str(o.chunk_seconds),
+            "STRATAMETER_DELTA": repr(o.delta),
+            "STRATAMETER_CONFIDENCE": repr(o.confidence),
+            "STRATAMETER_STRATA": str(o.strata),
+            "STRATAMETER_ROUND_LABELS_PER_STRATUM": str(o.round_labels),
+            "STRATAMETER_MAX_LABELS_PER_HOUR": "1000000",
+            "STRATAMETER_LABEL_TIMEOUT_SECONDS": "30",
+            "STRATAMETER_INSTANCE_ID": f"demo-{run_id}",
+        })
+        try:
+            settings = load_settings(env)
+        except ConfigError as exc:
+            raise DemoError(f"configuration error: {exc}") from None
+        self.settings = settings
+        if settings.kafka_security_protocol == "PLAINTEXT":
+            await create_topics(bootstrap, [settings.topic_scores, settings.topic_label_requests,
+                                            settings.topic_labels, settings.topic_dead_letter], partitions=3)
+        # else: a secured broker of yours; the topics are auto-created if it allows it
+        with open(self.service_log, "ab") as log:
+            self.service = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "run"], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, env=env, cwd=self.workdir, start_new_session=True)
+        # The clients join their consumer group (seconds on tansu) while the service boots.
+        both = [asyncio.ensure_future(self._wait_ready()), asyncio.ensure_future(self._start_clients(settings))]
+        try:
+            await asyncio.gather(*both)
+        except BaseException:
+            for t in both:
+                t.cancel()
+            await asyncio.gather(*both, return_exceptions=True)
+            raise
+        return None if self.stop.is_set() else settings
+
+    async def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.stop.is_set():
+            if self.service.poll() is not None:
+                self.keep_workdir = True
+                raise DemoError(f"the service exited with code {self.service.returncode}; "
+                                f"log {self.service_log}:\n{self._service_log_tail()}")
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if (await http_get(self.port, "/readyz"))[0] == 200:
+                    return
+            if time.monotonic() > deadline:
+                self.keep_workdir = True
+                raise DemoError(f"the service was not ready after {timeout:.0f}s; "
+                                f"log {self.service_log}:\n{self._service_log_tail()}")
+            await asyncio.sleep(0.2)
+
+    def _service_log_tail(self) -> str:
+        try:
+            return self.service_log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+    async def _start_clients(self, settings) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+        kw = settings.kafka_client_kwargs()
+        self.producer = AIOKafkaProducer(linger_ms=5, enable_idempotence=False, **kw)
+        await self.producer.start()
+        self.reviewer = AIOKafkaConsumer(
+            settings.topic_label_requests, group_id=f"{settings.kafka_consumer_group}-reviewers",
+            auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500, **kw)
+        await self.reviewer.start()
+        leave_group_on_stop(self.reviewer)
+
+    async def _start_traffic(self, settings) -> list[asyncio.Task]:
+        self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
+        self.err.print(f"metrics: {self.metrics_url}   JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>"
+                       f"   service log: {self.service_log}")
+        self._plan()
+        return [asyncio.create_task(self._stream()), asyncio.create_task(self._review()),
+                asyncio.create_task(self._poll())]
+
+    async def _shutdown(self) -> None:
+        for t in list(self.answers):
+            t.cancel()
+        await asyncio.gather(*self.answers, return_exceptions=True)
+        if self.reviewer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.reviewer.stop(), 10)
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.producer.stop(), 10)
+        if self.service is not None and self.service.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.service.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.service.wait, 15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    self.service.kill()
+                await asyncio.to_thread(self.service.wait)
+        for backend in (self.redis, self.kafka):
+            if backend is not None:
+                await asyncio.to_thread(backend.close)
+        if not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # ---- the phases -------------------------------------------------------------------
+    def _plan(self) -> None:
+        o = self.opts
+        cs = o.chunk_seconds
+        self.started = time.time()
+        if o.duration is not None:
+            # Scores stream until `settle` seconds before the end (at most a quarter of the run);
+            # the reviewers then finish the last chunk.
+            self.ends_at = self.started + o.duration
+            end = self.ends_at - min(o.settle, o.duration / 4)
+            boundary = (end // cs) * cs
+            # Do not end on a sliver of a chunk: its estimate would rest on a handful of items.
+            if end - boundary < cs / 4 and boundary > self.started + cs / 4:
+                end = boundary
+            self.streaming_until = end
+
+    async def _main_phase(self) -> list[dict]:
+        self.phase = "streaming"
+        with self._live():
+            while not self.stop.is_set():
+                if self.streaming_until is not None and time.time() >= self.streaming_until:
+                    break
+                await self._sleep(0.2)
+            if not self.stop.is_set():
+                self.phase = "settling"
+                await self._settle()
+            self.phase = "stopping"
+            await self._refresh()
+        return self.summary()
+
+    async def _settle(self) -> None:
+        """Scores have stopped: let the service ingest them all (waiting past the end if it
+        must: the truth is only comparable once it has), and the reviewers label the last
+        chunk until it converges or the run's time is up."""
+        with contextlib.suppress(Exception):
+            await self.producer.flush()
+        ingest_deadline = max(self.ends_at, time.time()) + 30
+        while not self.stop.is_set() and time.time() < ingest_deadline:
+            docs = await self._refresh()
+            ingested = all(d is not None and d["scores"] >= self.truth.sent[c] for c, d in docs.items())
+            if ingested and (time.time() >= self.ends_at or all(self._final(c, d) for c, d in docs.items())):
+                return
+            await self._sleep(0.25)
+
+    def _final(self, cid: str, doc: dict) -> bool:
+        chunk = view.chunk_id(doc.get("chunk"), self.opts.chunk_seconds)
+        return chunk == self.truth.last_chunk.get(cid) and doc.get("status") == "converged"
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+
+    # ---- traffic ----------------------------------------------------------------------
+    async def _stream(self) -> None:
+        """Predicted positives of every scenario at `rate` per second each, event time = now."""
+        o = self.opts
+        start_chunk = chunk_of(int(self.started * 1000), o.chunk_seconds)
+        if o.duration is not None:  # the drift happens at the chunk boundary nearest halfway
+            switch = max(1, round((self.started + o.duration / 2) / o.chunk_seconds) - start_chunk)
+        else:
+            switch = 3
+        self.switch_chunk = start_chunk + switch
+        carry = 0.0
+        next_t = time.monotonic()
+        while not self.stop.is_set():
+            now_ms = int(time.time() * 1000)
+            if self.streaming_until is not None and now_ms >= self.streaming_until * 1000:
+                break
+            chunk = chunk_of(now_ms, o.chunk_seconds)
+            carry += o.rate * TICK_S
+            n = int(carry)
+            carry -= n
+            for sc in SCENARIOS:
+                if n == 0:
+                    break
+                scores, p = sc.draw(self.rng, n, chunk - start_chunk, switch)
+                labels = (self.rng.random(n) < p).astype(np.int8)
+                ids = self.truth.add(sc.classifier, chunk, labels)
+                key = sc.classifier.encode()
+                for item, s in zip(ids, scores.tolist()):
+                    await self.producer.send(self.settings.topic_scores, key=key, value=orjson.dumps({
+                        "classifier_id": sc.classifier, "item_id": item, "score": s, "predicted_positive": True,
+                        "event_time": now_ms}))
+            # requests of chunks older than this are expired long before: 30 s label timeout
+            self.truth.forget_before(chunk - (60 // o.chunk_seconds + 2))
+            next_t += TICK_S
+            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+
+    async def _review(self) -> None:
+        """Reviewers answer every request from the ground truth after a random delay; some skip."""
+        async for rec in self.reviewer:
+            try:
+                req = orjson.loads(rec.value)
+            except orjson.JSONDecodeError:
+                continue
+            t = asyncio.create_task(self._answer(req))
+            self.answers.add(t)
+            t.add_done_callback(self.answers.discard)
+
+    async def _answer(self, req: dict) -> None:
+        await asyncio.sleep(self.delay_rng.uniform(self.opts.min_delay, self.opts.max_delay))
+        y = self.truth.label(req.get("item_id", ""))
+        skip = y is None or self.delay_rng.random() < self.opts.skip
+        await self.producer.send(self.settings.topic_labels, key=str(req.get("classifier_id", "")).encode(),
+                                 value=orjson.dumps({"request_id": req["request_id"],
+                                                     "label": None if skip else bool(y),
+                                                     "labeler_id": self.delay_rng.choice(REVIEWERS),
+                                                     "labeled_at": int(time.time() * 1000)}))
+        if skip:
+            self.skipped += 1
+        else:
+            self.answered += 1
+
+    # ---- view -------------------------------------------------------------------------
+    async def _refresh(self) -> dict[str, dict | None]:
+        for cid in self.docs:
+            try:
+                status, body = await http_get(self.port, f"/v1/classifiers/{cid}")
+            except (OSError, ValueError, IndexError):
+                continue
+            if status == 200:
+                self.docs[cid] = orjson.loads(body)
+        return self.docs
+
+    def rows(self) -> list[dict]:
+        return [view.row(self.docs.get(s.classifier), s.classifier, self.truth.truth, self.opts.chunk_seconds)
+                for s in SCENARIOS]
+
+    def summary(self) -> list[dict]:
+        return self.rows()
+
+    def renderable(self):
+        o = self.opts
+        elapsed = time.time() - self.started
+        total = f" / {self.ends_at - self.started:.0f}s" if self.ends_at else ""
+        drift = ""
+        if hasattr(self, "switch_chunk"):
+            drift = f"   fraud-degrading drifts at {time.strftime('%H:%M:%S', time.gmtime(self.switch_chunk * o.chunk_seconds))}"
+        header = (f"stratameter demo   metrics {self.metrics_url}   {self.phase} {elapsed:.0f}s{total}\n"
+                  f"chunks of {o.chunk_seconds}s (UTC), delta {o.delta}, confidence {o.confidence:.0%}, "
+                  f"{o.rate:g} scores/s per classifier, scores sent {sum(self.truth.sent.values())}, "
+                  f"labels answered {self.answered}, skipped {self.skipped}{drift}")
+        footer = "\n".join(f"{s.classifier}: {s.description}" for s in SCENARIOS)
+        footer += ("\n'random would need': labels a uniform random sample of the same chunk needs for the same "
+                   "interval (same variance); 'saved' = 1 - labels / that.   Ctrl-C stops.")
+        return view.render(header, self.rows(), self.docs, o.confidence, footer)
+
+    @contextlib.contextmanager
+    def _live(self):
+        if not self.out.is_terminal:
+            yield
+            return
+        from rich.live import Live
+
+        with Live(self.renderable(), console=self.out, refresh_per_second=4, transient=False) as live:
+            self._live_obj = live
+            yield
+            live.update(self.renderable())
+        self._live_obj = None
+
+    async def _poll(self) -> None:
+        while True:
+            await self._refresh()
+            live = getattr(self, "_live_obj", None)
+            if live is not None:
+                live.update(self.renderable())
+            await asyncio.sleep(0.5)
+
+
+async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    async def go():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            raw = await reader.read()
+        finally:
+            writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        return int(head.split(b" ")[1]), body
+
+    try:
+        return await asyncio.wait_for(go(), timeout)
+    except asyncio.TimeoutError:
+        raise OSError("timeout") from None

@@ -1,0 +1,186 @@
+"""`stratameter demo` end to end, as a user runs it: a subprocess with no Kafka or
+Redis configured, so it starts its own tansu broker, Redis and service.
+
+The demo's processes are found in /proc as the descendants of the demo (pid and
+start time, so a reused pid is not mistaken for one) and by a marker variable in
+their environment, set only for this demo: never those of other test sessions
+running on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from service.demo.scenarios import SCENARIOS
+
+pytestmark = pytest.mark.integration
+
+MARKER = "STRATAMETER_DEMO_TEST_MARKER"
+
+
+def _env(marker: str) -> dict[str, str]:
+    # No STRATAMETER_* settings (above all no KAFKA_BOOTSTRAP_SERVERS / REDIS_URL): the demo must
+    # start its own backends.  Only the binary overrides of service/embedded.py pass through.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STRATAMETER_") or k in ("STRATAMETER_TANSU_BIN", "STRATAMETER_REDIS_SERVER")}
+    env[MARKER] = marker
+    return env
+
+
+def _processes() -> dict[int, tuple[int, str, str, bytes]]:
+    """pid -> (parent pid, start time, command line, environment) of the live processes."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] == "Z":  # a zombie is already dead
+                continue
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out[int(d.name)] = (int(stat[1]), stat[19], cmdline, (d / "environ").read_bytes())
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _tree(marker: str, root: int) -> dict[tuple[int, str], str]:
+    """(pid, start time) -> command line of the demo's processes: the descendants of `root`,
+    and any process whose environment holds the marker (an orphan has lost its parent; redis
+    rewrites its process title over its environment, hence both)."""
+    procs = _processes()
+    needle = f"{MARKER}={marker}".encode()
+    found = {pid for pid, (_, _, _, env) in procs.items() if needle in env.split(b"\0")}
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, _, _) in procs.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                frontier.append(pid)
+    found.discard(root)
+    return {(pid, procs[pid][1]): procs[pid][2] for pid in found if pid in procs}
+
+
+def _alive(seen: dict[tuple[int, str], str], marker: str) -> dict[tuple[int, str], str]:
+    """Those of `seen` still running (same pid and start time), and any marked process."""
+    procs = _processes()
+    left = {key: cmd for key, cmd in seen.items() if key[0] in procs and procs[key[0]][1] == key[1]}
+    left.update(_tree(marker, -1))
+    return left
+
+
+def _start(args: list[str], marker: str, tmp_path: Path):
+    out = open(tmp_path / "stdout", "wb")
+    err = open(tmp_path / "stderr", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", *args], stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=err, env=_env(marker), cwd=tmp_path)
+    return proc, out, err
+
+
+def _kinds(cmdlines) -> set[str]:
+    kinds = set()
+    for c in cmdlines:
+        if "tansu" in c:
+            kinds.add("tansu")
+        elif "redis-server" in c or "valkey-server" in c:
+            kinds.add("redis")
+        elif "service.cli run" in c:
+            kinds.add("service")
+    return kinds
+
+
+def _wait_gone(seen, marker: str, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (left := _alive(seen, marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_demo_estimates_cover_truth_with_fewer_labels_than_random(tmp_path):
+    """`stratameter demo --duration 60 --json`, as CI requires: scores for 50 s, the last
+    10 s for the reviewers to finish the last chunk; ~67 s with start and stop.
+
+    Coverage: 4 classifiers at confidence 0.99, at most one may miss.  All four covering
+    would fail a correct implementation in ~4% of CI runs (1 - 0.99^4); two or more misses
+    happen by chance with probability ~6e-4, so one miss is the nominal rate and two
+    are a bug.  Efficiency: the three informative classifiers must use fewer labels than
+    a uniform random sample needs for the same variance (their Neyman gains are 0.4-0.5
+    of the random variance, far from the boundary); the uninformative control has none
+    to show and is not asserted.
+    """
+    marker = uuid.uuid4().hex
+    proc, out, err = _start(["--duration", "60", "--json", "--confidence", "0.99"], marker,
+                            tmp_path)
+    seen: dict[tuple[int, str], str] = {}
+    t0 = time.monotonic()
+    try:
+        while proc.poll() is None and time.monotonic() - t0 < 150:
+            seen.update(_tree(marker, proc.pid))
+            time.sleep(1.0)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        out.close()
+        err.close()
+    stderr = (tmp_path / "stderr").read_text(errors="replace")
+    assert proc.returncode == 0, stderr[-3000:]
+    assert _kinds(seen.values()) == {"tansu", "redis", "service"}, (seen, stderr[-2000:])
+    assert "/metrics" in stderr  # the metrics URL was printed while it ran
+    assert not (left := _wait_gone(seen, marker)), f"processes left running: {left}"
+
+    lines = (tmp_path / "stdout").read_text().strip().splitlines()
+    assert len(lines) == 1, lines
+    summary = json.loads(lines[0])
+    rows = {r["classifier"]: r for r in summary["classifiers"]}
+    assert set(rows) == {s.classifier for s in SCENARIOS}
+    misses = []
+    for r in rows.values():
+        assert set(r) == {"classifier", "estimate", "lower", "upper", "truth", "labels", "random_equivalent_labels"}
+        assert None not in r.values(), r
+        assert 0 <= r["lower"] <= r["estimate"] <= r["upper"] <= 1, r
+        assert r["upper"] - r["lower"] < 0.3, r  # a real estimate, not a vacuous interval
+        if not r["lower"] <= r["truth"] <= r["upper"]:
+            misses.append(r)
+    assert len(misses) <= 1, misses
+    for s in SCENARIOS:
+        if s.informative:
+            r = rows[s.classifier]
+            assert 0 < r["labels"] < r["random_equivalent_labels"], r
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_demo_stops_everything_on_signal(tmp_path, sig):
+    marker = uuid.uuid4().hex
+    proc, out, err = _start(["--json"], marker, tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while "metrics:" not in (tmp_path / "stderr").read_text(errors="replace"):
+            assert proc.poll() is None, (tmp_path / "stderr").read_text(errors="replace")
+            assert time.monotonic() < deadline, "the demo did not start"
+            time.sleep(0.2)
+        time.sleep(2.0)  # traffic and reviewers running
+        seen = _tree(marker, proc.pid)
+        assert _kinds(seen.values()) == {"tansu", "redis", "service"}, seen
+        proc.send_signal(sig)
+        proc.wait(40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+        err.close()
+    assert proc.returncode == 0, (tmp_path / "stderr").read_text(errors="replace")[-3000:]
+    assert not (left := _wait_gone(seen, marker)), f"processes left running: {left}"
+    summary = json.loads((tmp_path / "stdout").read_text().strip().splitlines()[-1])
+    assert {r["classifier"] for r in summary["classifiers"]} == {s.classifier for s in SCENARIOS}
