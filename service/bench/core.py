@@ -94,7 +94,8 @@ def score_values(records: int, classifiers: int, seed: int = 0, now_ms: int | No
 
     Scores: a mixture of a mass near 0 and a mass near 1 (about 40% predicted
     positive at the 0.5 threshold); event times increasing over the first half of the
-    current hour, so the whole stream falls in one chunk.
+    current hour, so the whole stream falls in one chunk; fixed-width ids and context, so a
+    reservoir member's size does not depend on how far into the stream it was produced.
     """
     rng = np.random.default_rng(seed)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -108,7 +109,7 @@ def score_values(records: int, classifiers: int, seed: int = 0, now_ms: int | No
     dumps = orjson.dumps
     values = [
         dumps({"classifier_id": cids[c], "item_id": f"item-{i:09d}", "score": round(s, 6),
-               "event_time": e, "context": {"source": sources[i % 3], "locale": "en-US", "n": i}})
+               "event_time": e, "context": {"source": sources[i % 3], "locale": "en-US", "session": f"s{i % 9973:05d}"}})
         for i, (c, s, e) in enumerate(zip(which.tolist(), scores.tolist(), event.tolist()))
     ]
     return which, values
