@@ -73,8 +73,7 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
     await producer.start()
     server = await serve(service, "127.0.0.1", port)
     await service.start()
-    tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever()),
-             asyncio.create_task(service.probe_forever())]
+    tasks = service.spawn()
     try:
         yield Running(service, port, topics, producer, kafka_bootstrap)
     finally:

@@ -441,7 +441,7 @@ class LiveService:
         service = Service(settings)
         server = await serve(service, "127.0.0.1", self.port)
         await service.start()
-        tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever())]
+        tasks = service.spawn()
         reviewer = AIOKafkaConsumer(topics["requests"], bootstrap_servers=self.kafka, group_id=f"ops-rev-{tag}",
                                     auto_offset_reset="earliest", session_timeout_ms=6000,
                                     heartbeat_interval_ms=500)

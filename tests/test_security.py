@@ -260,8 +260,7 @@ async def secured_service(env: dict[str, str], unique_name):
     tasks = []
     try:
         await service.start()
-        tasks = [asyncio.create_task(service.consume_forever()), asyncio.create_task(service.requests_forever()),
-                 asyncio.create_task(service.probe_forever())]
+        tasks = service.spawn()
         yield Running(service, port, topics, producer, settings.kafka_bootstrap_servers)
     finally:
         service.stopping.set()

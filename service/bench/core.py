@@ -233,7 +233,8 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
             return out
 
         service.consumer.getmany = getmany  # instance attribute: notes the first fetch, nothing else
-        task = asyncio.create_task(service.consume_forever())
+        tasks = service.spawn(requests=False)
+        task = tasks[0]  # consume_forever
         marks = sorted(m for m in memory_at if m < records)
         snaps: list[dict] = []
         deadline = time.monotonic() + timeout_s
@@ -254,7 +255,7 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
                 snaps.append({"records": n, "bytes_per_classifier": round(sum(sizes) / len(cids))})
             await asyncio.sleep(poll_s)
         service.stopping.set()
-        await task
+        await asyncio.gather(*tasks)
         task = None
         sizes = [await classifier_bytes(probe, prefix, c) for c in cids]
         snaps.append({"records": await counted(probe, prefix, cids),
@@ -263,8 +264,9 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
     finally:
         service.stopping.set()
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await service.stop()
         await probe.aclose()
 

@@ -23,25 +23,34 @@ from ..stats.strata import assign
 
 @dataclass
 class ClassifierRecords:
-    """The valid records of one classifier in one partition batch (aligned arrays)."""
+    """The valid records of one classifier in one partition batch.
+
+    Numeric columns are arrays; item ids and contexts stay in the batch-wide
+    lists and are looked up through `rows` only for the few reservoir
+    candidates, so nothing is copied per record."""
 
     classifier_id: str
     offsets: np.ndarray  # int64, increasing
-    item_id: list[str]
+    rows: np.ndarray  # positions in the batch-wide lists
+    items: list  # batch-wide item ids
+    contexts: list  # batch-wide contexts (bytes | None)
     score: np.ndarray  # float64
     positive: np.ndarray  # bool
     event_ms: np.ndarray  # int64
-    context: list  # bytes | None per record
+
+    def item_id(self, i: int) -> str:
+        return self.items[self.rows[i]]
+
+    def context(self, i: int):
+        return self.contexts[self.rows[i]]
 
     def after(self, offset: int) -> "ClassifierRecords":
         """The records with an offset above `offset` (for replays)."""
-        keep = np.flatnonzero(self.offsets > offset)
-        if keep.size == self.offsets.size:
+        if self.size == 0 or self.offsets[0] > offset:
             return self
-        return ClassifierRecords(
-            self.classifier_id, self.offsets[keep], [self.item_id[i] for i in keep], self.score[keep],
-            self.positive[keep], self.event_ms[keep], [self.context[i] for i in keep],
-        )
+        keep = self.offsets > offset
+        return ClassifierRecords(self.classifier_id, self.offsets[keep], self.rows[keep], self.items, self.contexts,
+                                 self.score[keep], self.positive[keep], self.event_ms[keep])
 
     @property
     def size(self) -> int:
@@ -51,16 +60,18 @@ class ClassifierRecords:
 def group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts
                         ) -> list[ClassifierRecords]:
     """Split a parsed batch by classifier, keeping record order."""
-    codes: dict[str, int] = {}
-    code = np.fromiter((codes.setdefault(c, len(codes)) for c in classifier_ids), dtype=np.int64,
-                       count=len(classifier_ids))
+    codes = {cid: i for i, cid in enumerate(dict.fromkeys(classifier_ids))}
+    offsets, scores = np.asarray(offsets), np.asarray(scores)
+    positive, event_ms = np.asarray(positive), np.asarray(event_ms)
+    if len(codes) == 1:  # common: a partition carries few classifiers, a batch often one
+        rows = np.arange(len(classifier_ids))
+        return [ClassifierRecords(classifier_ids[0], offsets, rows, item_ids, contexts, scores, positive, event_ms)]
+    code = np.fromiter(map(codes.__getitem__, classifier_ids), dtype=np.int64, count=len(classifier_ids))
     out = []
     for cid, c in codes.items():
-        idx = np.flatnonzero(code == c)
-        out.append(ClassifierRecords(
-            cid, np.asarray(offsets)[idx], [item_ids[i] for i in idx], np.asarray(scores)[idx],
-            np.asarray(positive)[idx], np.asarray(event_ms)[idx], [contexts[i] for i in idx],
-        ))
+        rows = np.flatnonzero(code == c)
+        out.append(ClassifierRecords(cid, offsets[rows], rows, item_ids, contexts, scores[rows], positive[rows],
+                                     event_ms[rows]))
     return out
 
 
@@ -111,7 +122,7 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
             args: list = []
             for i in in_k:
                 args.append(float(priority[i]))
-                args.append(member(recs.item_id[i], float(recs.score[i]), recs.context[i]))
+                args.append(member(recs.item_id(i), float(recs.score[i]), recs.context(i)))
             res.append([int(k), args])
         lo, hi = float(s.min()), float(s.max())
         out_chunks.append({

@@ -10,6 +10,7 @@ one INGEST script call per classifier, all in one pipeline.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -37,6 +38,14 @@ def opening_histogram(batch: ScoreHistogram, previous: ScoreHistogram | None, st
     return previous.merge(batch)
 
 
+@dataclass
+class PreparedBatch:
+    """A partition batch aggregated into INGEST calls, ready to `submit`."""
+
+    partition: int
+    calls: list[tuple]  # (records, (cid, partition, expected_offset, new_offset, payload))
+
+
 class ScoreIngestor:
     def __init__(self, store: Store, settings, rng: np.random.Generator | None = None) -> None:
         self.store = store
@@ -56,44 +65,68 @@ class ScoreIngestor:
     async def apply(self, partition: int, offsets, classifier_ids, item_ids, scores, positive, event_ms,
                     contexts) -> int:
         """Apply the batch; returns the number of records newly counted."""
+        return await self.submit(await self.prepare(partition, offsets, classifier_ids, item_ids, scores, positive,
+                                                    event_ms, contexts))
+
+    async def prepare(self, partition: int, offsets, classifier_ids, item_ids, scores, positive, event_ms,
+                      contexts) -> "PreparedBatch":
+        """Aggregate a batch into INGEST calls (CPU work; Redis only on a cache miss).
+
+        Each call expects the classifier's stored offset to be the one this
+        instance last wrote or predicted; `prepare` then predicts the call's own
+        new offset, so the next batch can be prepared while this one is still
+        being applied.  A wrong prediction only makes the INGEST script refuse
+        (compare-and-set), and `submit` re-aggregates from the stored offset."""
         groups = group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts)
+        return PreparedBatch(partition, await self._calls(partition, groups))
+
+    async def submit(self, prepared: "PreparedBatch") -> int:
+        """Apply prepared calls in one pipeline; re-aggregate where the offset guard refused."""
+        counted = 0
+        partition, calls = prepared.partition, prepared.calls
+        while calls:
+            results = await self.store.apply_ingest([c for _, c in calls])
+            todo = []
+            for (r, call), (applied, stored, cutoffs) in zip(calls, results):
+                key = (r.classifier_id, partition)
+                self._note_cutoffs(r.classifier_id, cutoffs)
+                if applied:
+                    counted += r.size
+                    self._offsets[key] = max(self._offsets.get(key, -1), stored)
+                else:  # another writer moved the offset (or a prediction was wrong): start from it
+                    self._offsets[key] = stored
+                    todo.append(r)
+            calls = await self._calls(partition, todo) if todo else []
+        return counted
+
+    async def _calls(self, partition: int, groups: list[ClassifierRecords]) -> list[tuple]:
         unknown = [g.classifier_id for g in groups if (g.classifier_id, partition) not in self._offsets]
         if unknown:
             for cid, off in (await self.store.scores_offsets(unknown, partition)).items():
                 self._offsets[(cid, partition)] = off
-        counted = 0
-        todo = groups
-        while todo:
-            fresh = [(g, g.after(self._offsets[(g.classifier_id, partition)])) for g in todo]
-            fresh = [(g, r) for g, r in fresh if r.size]
-            if not fresh:
-                break
-            await self._ensure_chunks([r for _, r in fresh])
-            now_ms = int(time.time() * 1000)
-            calls = []
-            for _, r in fresh:
-                cfg = self.settings.for_classifier(r.classifier_id)
-                payload = build_payload(r, cfg.chunk_seconds, lambda t, c=r.classifier_id: self._cuts[(c, t)],
-                                        cfg.reservoir_size, now_ms, self.rng,
-                                        lambda t, c=r.classifier_id: self._cutoffs.get((c, t)))
-                calls.append((r.classifier_id, partition, self._offsets[(r.classifier_id, partition)],
-                              int(r.offsets[-1]), orjson.dumps(payload)))
-            results = await self.store.apply_ingest(calls)
-            todo = []
-            for (g, r), (applied, stored, cutoffs) in zip(fresh, results):
-                self._offsets[(r.classifier_id, partition)] = stored
-                for t, k, cutoff in cutoffs:
-                    cut = self._cutoffs.get((r.classifier_id, t))
-                    if cut is None:
-                        cut = self._cutoffs[(r.classifier_id, t)] = np.full(self._cuts[(r.classifier_id, t)].size + 1,
-                                                                            np.inf)
-                    if k < cut.size:
-                        cut[k] = min(cut[k], cutoff)
-                if applied:
-                    counted += r.size
-                else:  # another writer advanced the offset: re-aggregate what is left
-                    todo.append(g)
-        return counted
+        fresh = [r for r in (g.after(self._offsets[(g.classifier_id, partition)]) for g in groups) if r.size]
+        if not fresh:
+            return []
+        await self._ensure_chunks(fresh)
+        now_ms = int(time.time() * 1000)
+        calls = []
+        for r in fresh:
+            cid = r.classifier_id
+            cfg = self.settings.for_classifier(cid)
+            payload = build_payload(r, cfg.chunk_seconds, lambda t, c=cid: self._cuts[(c, t)],
+                                    cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)))
+            new = int(r.offsets[-1])
+            calls.append((r, (cid, partition, self._offsets[(cid, partition)], new, orjson.dumps(payload))))
+            self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
+        return calls
+
+    def _note_cutoffs(self, cid: str, cutoffs) -> None:
+        for t, k, cutoff in cutoffs:
+            cut = self._cutoffs.get((cid, t))
+            if cut is None:
+                cut = self._cutoffs[(cid, t)] = np.full(self._cuts[(cid, t)].size + 1, np.inf)
+            if k < cut.size:
+                cut[k] = min(cut[k], cutoff)
 
     async def _ensure_chunks(self, recs: list[ClassifierRecords]) -> None:
         need: dict[tuple[str, int], ClassifierRecords] = {}
