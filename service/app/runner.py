@@ -37,6 +37,11 @@ log = logging.getLogger("stratameter")
 BACKOFF_MAX_S = 5.0
 PROBE_INTERVAL_S = 2.0
 COMMIT_INTERVAL_S = 0.2
+#: Larger fetches keep aiokafka's prefetch buffer ahead of the CPU-bound batch processing (the
+#: fetcher runs on the same event loop, so it cannot refill the buffer while a batch is processed).
+FETCH_BYTES_PER_PARTITION = 8 << 20
+#: An empty labels partition must not hold a fetch that also carries scores.
+FETCH_MAX_WAIT_MS = 100
 READY_WINDOW_S = 3 * PROBE_INTERVAL_S
 LEASE_MS = 10_000
 #: Service-wide series (invalid records, unroutable labels) are exported by one replica only, the
@@ -136,7 +141,8 @@ class Service:
             self.consumer = AIOKafkaConsumer(
                 group_id=self.settings.kafka_consumer_group, enable_auto_commit=False, auto_offset_reset="earliest",
                 session_timeout_ms=self.settings.kafka_session_timeout_ms, heartbeat_interval_ms=500,
-                max_poll_records=self.settings.batch_max_records, **kafka)
+                max_poll_records=self.settings.batch_max_records, max_partition_fetch_bytes=FETCH_BYTES_PER_PARTITION,
+                fetch_max_wait_ms=FETCH_MAX_WAIT_MS, **kafka)
             self.consumer.subscribe([self.settings.topic_scores, self.settings.topic_labels], listener=_Rebalance(self))
             await self.consumer.start()
         except KafkaError as exc:
