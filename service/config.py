@@ -315,6 +315,11 @@ class ClassifierConfig(BaseModel):
         return _apply_rule(info.field_name, v)
 
 
+def _default(name: str) -> Any:
+    """The default of a per-classifier setting, as declared on `ClassifierConfig`."""
+    return ClassifierConfig.model_fields[name].default
+
+
 _PER_CLASSIFIER: tuple[str, ...] = tuple(f for f in ClassifierConfig.model_fields if f != "classifier_id")
 
 
@@ -430,23 +435,23 @@ class Settings(BaseSettings):
     topic_label_requests: str = TOPIC_LABEL_REQUESTS
     topic_labels: str = TOPIC_LABELS
     topic_dead_letter: str = TOPIC_DEAD_LETTER
-    # defaults of the per-classifier settings
-    delta: float = 0.02
-    confidence: float = 0.95
-    strata: int = 4
-    stratification: str = "perc"
-    allocation: str = "opt_track"
-    threshold: float = 0.5
-    score_kind: str = "auto"
-    chunk_seconds: int = 3600
-    max_labels_per_hour: int = 500
-    label_timeout_seconds: float = 86400.0
-    round_labels_per_stratum: int = 2
-    stop_rounds: int = 2
-    reservoir_size: int = 1024
-    chunk_retention: int = 24
-    history_chunks: int = 168
-    request_retention_seconds: float = 7 * 86400.0
+    # defaults of the per-classifier settings: one source, `ClassifierConfig`
+    delta: float = _default("delta")
+    confidence: float = _default("confidence")
+    strata: int = _default("strata")
+    stratification: str = _default("stratification")
+    allocation: str = _default("allocation")
+    threshold: float = _default("threshold")
+    score_kind: str = _default("score_kind")
+    chunk_seconds: int = _default("chunk_seconds")
+    max_labels_per_hour: int = _default("max_labels_per_hour")
+    label_timeout_seconds: float = _default("label_timeout_seconds")
+    round_labels_per_stratum: int = _default("round_labels_per_stratum")
+    stop_rounds: int = _default("stop_rounds")
+    reservoir_size: int = _default("reservoir_size")
+    chunk_retention: int = _default("chunk_retention")
+    history_chunks: int = _default("history_chunks")
+    request_retention_seconds: float = _default("request_retention_seconds")
     # process
     batch_max_records: int = 5000
     dead_letter_max_per_second: float = 1000.0
