@@ -299,13 +299,11 @@ class Service:
                 if staged is not None:
                     await self._finish(tp, records, staged)
                 else:  # staging failed, or a retry: the whole batch again (idempotent)
-                    await self._finish(tp, records, await self._stage(tp, records, raise_errors=True))
+                    await self._finish(tp, records, await self._stage(tp, records, retry=True))
                 self.redis_ok_at = time.time()
                 return True
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
-                staged = None
-                # offsets predicted for an apply that may never have happened: reload them from Redis
-                self.ingestor.forget_partition(tp.partition)
+                staged = None  # redone with offsets reloaded from Redis (see ScoreIngestor.prepare)
                 self.redis_ok_at = 0.0
                 log.warning("redis unavailable; retrying batch: %r", exc)
                 try:
@@ -314,7 +312,7 @@ class Service:
                 except asyncio.TimeoutError:
                     backoff = min(BACKOFF_MAX_S, backoff * 2)
 
-    async def _stage(self, tp: TopicPartition, records, raise_errors: bool = False):
+    async def _stage(self, tp: TopicPartition, records, retry: bool = False):
         """Parse a partition batch; for scores also aggregate it into INGEST calls.
         None if Redis failed meanwhile (the batch is then redone by `_finish_with_retry`)."""
         values = [r.value for r in records]
@@ -329,11 +327,10 @@ class Service:
             try:
                 prepared = await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
                                                        batch.item_id, batch.score, batch.predicted_positive,
-                                                       batch.event_time_ms, batch.context)
+                                                       batch.event_time_ms, batch.context, reload_offsets=retry)
             except (RedisError, OSError, asyncio.TimeoutError):
-                if raise_errors:
+                if retry:
                     raise
-                self.ingestor.forget_partition(tp.partition)
                 return None
         return offsets, batch, list(rejects), prepared
 

@@ -69,16 +69,20 @@ class ScoreIngestor:
                                                     event_ms, contexts))
 
     async def prepare(self, partition: int, offsets, classifier_ids, item_ids, scores, positive, event_ms,
-                      contexts) -> "PreparedBatch":
+                      contexts, reload_offsets: bool = False) -> "PreparedBatch":
         """Aggregate a batch into INGEST calls (CPU work; Redis only on a cache miss).
 
         Each call expects the classifier's stored offset to be the one this
         instance last wrote or predicted; `prepare` then predicts the call's own
         new offset, so the next batch can be prepared while this one is still
         being applied.  A wrong prediction only makes the INGEST script refuse
-        (compare-and-set), and `submit` re-aggregates from the stored offset."""
+        (compare-and-set), and `submit` re-aggregates from the stored offset.
+
+        `reload_offsets` (a retry after a Redis failure) ignores predictions:
+        they may come from a later batch prepared meanwhile, and filtering this
+        batch's records against them would drop records never applied."""
         groups = group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts)
-        return PreparedBatch(partition, await self._calls(partition, groups))
+        return PreparedBatch(partition, await self._calls(partition, groups, reload_offsets))
 
     async def submit(self, prepared: "PreparedBatch") -> int:
         """Apply prepared calls in one pipeline; re-aggregate where the offset guard refused."""
@@ -99,12 +103,14 @@ class ScoreIngestor:
             calls = await self._calls(partition, todo) if todo else []
         return counted
 
-    async def _calls(self, partition: int, groups: list[ClassifierRecords]) -> list[tuple]:
-        unknown = [g.classifier_id for g in groups if (g.classifier_id, partition) not in self._offsets]
-        if unknown:
-            for cid, off in (await self.store.scores_offsets(unknown, partition)).items():
-                self._offsets[(cid, partition)] = off
-        fresh = [r for r in (g.after(self._offsets[(g.classifier_id, partition)]) for g in groups) if r.size]
+    async def _calls(self, partition: int, groups: list[ClassifierRecords], reload: bool = False) -> list[tuple]:
+        need = [g.classifier_id for g in groups if reload or (g.classifier_id, partition) not in self._offsets]
+        stored = await self.store.scores_offsets(need, partition) if need else {}
+        self._offsets.update({(cid, partition): off for cid, off in stored.items()})
+        # this batch's own view of the offsets: awaits above let other batches update the cache
+        expected = {g.classifier_id: stored.get(g.classifier_id, self._offsets.get((g.classifier_id, partition), -1))
+                    for g in groups}
+        fresh = [r for r in (g.after(expected[g.classifier_id]) for g in groups) if r.size]
         if not fresh:
             return []
         await self._ensure_chunks(fresh)
@@ -116,7 +122,7 @@ class ScoreIngestor:
             payload = build_payload(r, cfg.chunk_seconds, lambda t, c=cid: self._cuts[(c, t)],
                                     cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)))
             new = int(r.offsets[-1])
-            calls.append((r, (cid, partition, self._offsets[(cid, partition)], new, orjson.dumps(payload))))
+            calls.append((r, (cid, partition, expected[cid], new, orjson.dumps(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
         return calls
 
