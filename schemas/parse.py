@@ -248,6 +248,25 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float]) -> tuple | tu
     return cid, item, s, pp, et, ctx
 
 
+def _settle(n: int, bad: list[int], flat: list, width: int, values, max_bytes: int, row
+            ) -> tuple[np.ndarray, list, list[Reject]]:
+    """Diagnose the records the fast path set aside with the reference rules `row(record, i)`:
+    rejects get their reason; a valid one the fast path passed over is merged back in order.
+    Returns the accepted positions, the flat accepted rows and the rejects."""
+    rejects: list[Reject] = []
+    late: list[tuple] = []   # valid records the fast path passed over (none expected)
+    for i in bad:
+        out = _diagnose(values[i], max_bytes, lambda r, i=i: row(r, i))
+        if len(out) == 2:
+            rejects.append(Reject(i, *out))
+        else:
+            late.append((i, *out))
+    index = _accepted_index(n, bad)
+    if late:
+        index, flat = _merge_late(index, flat, late, width)
+    return index, flat, rejects
+
+
 def parse_scores(
     values: Sequence[bytes | None],
     timestamps_ms: Sequence[int],
@@ -330,17 +349,8 @@ def parse_scores(
                 continue
         note(i)
 
-    rejects: list[Reject] = []
-    late: list[tuple] = []   # valid records the fast path passed over (none expected)
-    for i in bad:
-        out = _diagnose(values[i], max_bytes, lambda r, i=i: _score_row(r, timestamps_ms[i], threshold))
-        if len(out) == 2:
-            rejects.append(Reject(i, *out))
-        else:
-            late.append((i, *out))
-    index = _accepted_index(n, bad)
-    if late:
-        index, flat = _merge_late(index, flat, late, 6)
+    index, flat, rejects = _settle(n, bad, flat, 6, values, max_bytes,
+                                   lambda r, i: _score_row(r, timestamps_ms[i], threshold))
     batch = ScoreBatch(
         index=index,
         classifier_id=flat[0::6],
@@ -470,17 +480,7 @@ def parse_labels(
                 continue
         note(i)
 
-    rejects: list[Reject] = []
-    late: list[tuple] = []
-    for i in bad:
-        out = _diagnose(values[i], max_bytes, lambda r, i=i: _label_row(r, timestamps_ms[i]))
-        if len(out) == 2:
-            rejects.append(Reject(i, *out))
-        else:
-            late.append((i, *out))
-    index = _accepted_index(n, bad)
-    if late:
-        index, flat = _merge_late(index, flat, late, 4)
+    index, flat, rejects = _settle(n, bad, flat, 4, values, max_bytes, lambda r, i: _label_row(r, timestamps_ms[i]))
     batch = LabelBatch(
         index=index,
         request_id=flat[0::4],
