@@ -190,6 +190,18 @@ def _check_classifier_id(r: dict) -> tuple[str, str] | None:
     return None
 
 
+def _optional_time(r: dict, field: str, default_ms: int) -> int | tuple[str, str]:
+    """An optional RFC 3339 / epoch-ms field in epoch ms (`default_ms` when absent),
+    or the ``(bad_<field>, detail)`` reject."""
+    value = r.get(field)
+    if value is None:
+        return default_ms
+    ms = time_to_ms(value)
+    if ms is None:
+        return f"bad_{field}", _bad_time(value, field)
+    return ms
+
+
 def _score_row(r: Any, ts: int, threshold: Callable[[str], float]) -> tuple | tuple[str, str]:
     """The full rule set for one parsed score record.
 
@@ -227,14 +239,9 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float]) -> tuple | tu
         pp = s >= threshold(cid)
     elif type(pp) is not bool:
         return "wrong_type:predicted_positive", f"predicted_positive: expected a boolean, got {_jtype(pp)}"
-    et = r.get("event_time")
-    if et is None:
-        et = ts
-    else:
-        ms = time_to_ms(et)
-        if ms is None:
-            return "bad_event_time", _bad_time(et, "event_time")
-        et = ms
+    et = _optional_time(r, "event_time", ts)
+    if type(et) is tuple:
+        return et
     ctx = r.get("context")
     if ctx is not None:
         if type(ctx) is not dict:
@@ -422,14 +429,9 @@ def _label_row(r: Any, ts: int) -> tuple | tuple[str, str]:
             return "wrong_type:labeler_id", f"labeler_id: expected a string, got {_jtype(who)}"
         if len(who) > MAX_LABELER_ID_CHARS:
             return "bad_labeler_id", f"labeler_id: {len(who)} characters, more than {MAX_LABELER_ID_CHARS}"
-    at = r.get("labeled_at")
-    if at is None:
-        at = ts
-    else:
-        ms = time_to_ms(at)
-        if ms is None:
-            return "bad_labeled_at", _bad_time(at, "labeled_at")
-        at = ms
+    at = _optional_time(r, "labeled_at", ts)
+    if type(at) is tuple:
+        return at
     return rid, label, who, at
 
 
