@@ -132,19 +132,26 @@ def _print_table(req: StudyRequest, rows) -> None:
              f"delta={req.protocol.delta}, alpha={1 - req.protocol.confidence:.2g}, runs={req.runs}")
     t = Table(title=title)
     if req.budget is None:
-        for col in ("method", "stratification", "labels (+- s.e.)", "InConf", "CI cover", "%Change", "%Oracle"):
-            t.add_column(col, justify="left" if col in ("method", "stratification") else "right")
+        for col in ("method", "strata", "labels +- se", "InConf", "cover", "%Change", "%Oracle", "%Jeffreys"):
+            t.add_column(col, justify="left" if col in ("method", "strata") else "right", no_wrap=True)
         for r in rows:
             t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}",
                       f"{r.in_conf:.3f}", f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}",
-                      "-" if r.pct_oracle is None else f"{r.pct_oracle:+.1f}")
+                      _pct(r.pct_oracle), _pct(r.pct_jeffreys_oracle))
     else:
         for col in ("method", "stratification", "labels", "MSE", "MSE ratio vs random", "CI cover"):
             t.add_column(col)
         for r in rows:
             ratio = "-" if r.mse_ratio_vs_random is None else f"{r.mse_ratio_vs_random:.3f}"
             t.add_row(r.method, r.stratification, str(r.budget), f"{r.mse:.2e}", ratio, f"{r.ci_coverage:.3f}")
-    Console().print(t)
+    console = Console()
+    if not console.is_terminal:  # a file or pipe: no terminal width to fit, print the whole table
+        console = Console(width=120)
+    console.print(t)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}"
 
 
 def _plot(req: StudyRequest, results, path: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..stats import allocation, estimator, stopping
+from ..stats import allocation, estimator, oracle, stopping
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import assign, boundaries
@@ -72,6 +72,9 @@ class StrataTruth:
 
     def oracle_labels(self, delta: float, confidence: float, fpc: bool = False) -> float:
         return estimator.neyman_oracle_labels(self.N, self.P, delta, confidence, fpc)
+
+    def jeffreys_oracle_labels(self, delta: float, confidence: float, fpc: bool = False) -> float:
+        return oracle.jeffreys_oracle_labels(self.N, self.P, delta, confidence, fpc)
 
 
 def prepare(pop: Population, design: Design) -> StrataTruth:

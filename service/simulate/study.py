@@ -5,7 +5,10 @@ protocol R times and summarises: mean labels at stop (+- s.e.), InConf (share
 of runs whose estimate is within delta of the truth), %Change vs random and
 %Oracle (both as in Bennett & Carvalho 2010, Table 1: percent change of the
 label count relative to random sampling and to the closed-form Neyman bound
-of the design's own binning).  With a budget it reports Kumar & Raj's mean
+of the design's own binning), and %Jeffreys: the percent change relative to
+`stats.oracle.jeffreys_oracle_labels`, the fewest labels any allocation needs
+for the default interval's half-label-smoothed variance to reach the target
+(the floor of an honest interval where strata are nearly pure).  With a budget it reports Kumar & Raj's mean
 squared error ratio at a fixed label count instead.
 
 Budget mode and strata without labels: the stratified estimator has no value
@@ -47,8 +50,10 @@ class DesignSummary:
     ci_coverage: float
     stopped: float
     oracle_labels: float
+    jeffreys_oracle_labels: float
     change_vs_random: float | None = None
     pct_oracle: float | None = None
+    pct_jeffreys_oracle: float | None = None
 
 
 @dataclass
@@ -96,8 +101,10 @@ def _one_design(args) -> tuple[int, dict]:
     index, req, design = args
     st = prepare(req.population, design)
     seed = np.random.SeedSequence([req.seed, index])
-    result: dict = {"oracle": st.oracle_labels(req.protocol.delta, req.protocol.confidence,
-                                               fpc=not req.protocol.with_replacement)}
+    fpc = not req.protocol.with_replacement
+    result: dict = {"oracle": st.oracle_labels(req.protocol.delta, req.protocol.confidence, fpc)}
+    if req.budget is None:
+        result["jeffreys_oracle"] = st.jeffreys_oracle_labels(req.protocol.delta, req.protocol.confidence, fpc)
     truth = req.population.truth
     if req.budget is None:
         r = run_until_stop(st, design, req.protocol, req.runs, seed)
@@ -165,15 +172,20 @@ def summarise(req: StudyRequest, results: list[dict]) -> list[DesignSummary]:
             labels_mean=float(labels.mean()),
             labels_se=float(labels.std(ddof=1) / math.sqrt(labels.size)) if labels.size > 1 else 0.0,
             in_conf=r["in_conf"], ci_coverage=r["coverage"], stopped=r["stopped"],
-            oracle_labels=r["oracle"],
+            oracle_labels=r["oracle"], jeffreys_oracle_labels=r["jeffreys_oracle"],
         ))
     base = rows[0].labels_mean
     for row in rows:
         row.change_vs_random = 100.0 * (row.labels_mean / base - 1.0)
         # A population whose strata are all pure needs no labels under Neyman
         # allocation: %Oracle is undefined then (None, "-" in the table).
-        row.pct_oracle = 100.0 * (row.labels_mean / row.oracle_labels - 1.0) if row.oracle_labels > 0 else None
+        row.pct_oracle = _pct_over(row.labels_mean, row.oracle_labels)
+        row.pct_jeffreys_oracle = _pct_over(row.labels_mean, row.jeffreys_oracle_labels)
     return rows
+
+
+def _pct_over(labels: float, oracle_labels: float) -> float | None:
+    return 100.0 * (labels / oracle_labels - 1.0) if oracle_labels > 0 else None
 
 
 def summarise_budget(req: StudyRequest, results: list[dict]) -> list[BudgetSummary]:
@@ -196,13 +208,14 @@ def as_json(req: StudyRequest, rows: list) -> dict:
     """The machine-readable document of `stratameter simulate --json`."""
     default = Design()
     st = prepare(req.population, default)
+    fpc = not req.protocol.with_replacement
     return {
         "population": req.population.name,
         "size": req.population.size,
         "default": {"method": default.method, "stratification": default.stratification},
         "truth": req.population.truth,
-        "oracle_labels": st.oracle_labels(req.protocol.delta, req.protocol.confidence,
-                                          fpc=not req.protocol.with_replacement),
+        "oracle_labels": st.oracle_labels(req.protocol.delta, req.protocol.confidence, fpc),
+        "jeffreys_oracle_labels": st.jeffreys_oracle_labels(req.protocol.delta, req.protocol.confidence, fpc),
         "delta": req.protocol.delta,
         "alpha": round(1.0 - req.protocol.confidence, 10),
         "runs": req.runs,
