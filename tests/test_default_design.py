@@ -6,7 +6,10 @@ InConf >= 0.94; the true values (4000 runs each, seed-independent
 measurement in the README) are >= 0.950 on every built-in population at
 delta 0.01 and 0.02, so with the binomial sd of 0.005 a failure by noise is a
 2-sd event at worst.  Label ratios average 2000 runs; their sd is < 0.5 %,
-so the 1.05 bound tests means measured at <= 1.04.
+so the 1.05 bound tests means measured at <= 1.04.  Label counts are
+compared with both the Neyman oracle (the issue's bar) and the Jeffreys
+oracle (`service.stats.oracle`: the floor of any design that stops on the
+default interval).
 """
 
 import numpy as np
@@ -48,11 +51,11 @@ def test_inconf(name, delta):
     assert inconf >= 0.94, inconf
 
 
-# Within 5 % of the Neyman oracle (measured ratios 1.00-1.04, 4000 runs).  Not
+# Within 5 % of the Neyman oracle (measured ratios 1.00-1.04, 8000 runs).  Not
 # achieved: calibrated at 0.02 (1.05), svm-margin and logit-underconfident
 # (1.07 at 0.01, 1.14 at 0.02), steep (1.19 / 1.36) and near-perfect
-# (1.20 / 1.66): strata whose labels are all positive need labels for an
-# honest interval, and the 3.5 % stopping-variance margin is paid everywhere.
+# (1.20 / 1.66).  Where a stratum is nearly pure no honest design can be:
+# see test_neyman_bar_is_below_the_honest_floor and README "Label efficiency".
 B_CASES = [("calibrated", 0.01), ("flat", 0.01), ("flat", 0.02), ("overconfident", 0.01),
            ("overconfident", 0.02), ("uninformative", 0.01), ("uninformative", 0.02)]
 
@@ -70,6 +73,33 @@ def test_labels_vs_oracle_not_yet_within_5_percent(name, delta, bound):
     r = _stop(name, delta)
     ratio = r.labels.mean() / _st(name).oracle_labels(delta, 0.95)
     assert ratio <= bound, ratio
+
+
+# Every population with precision <= 0.92 (the issue's range for the oracle
+# bar), both deltas: within 5 % of the Jeffreys oracle, the fewest labels any
+# allocation that knows the true strata needs for the default interval's
+# variance (measured 1.016-1.040 with 8000 runs; the 3.5 % stopping margin
+# and the T=2 rule's last round are inside these ratios).
+JEFFREYS_CASES = [(p, d) for p in P.BUILTIN if p != "near-perfect" for d in (0.01, 0.02)]
+
+
+@pytest.mark.parametrize("name,delta", JEFFREYS_CASES)
+def test_labels_vs_jeffreys_oracle(name, delta):
+    r = _stop(name, delta)
+    ratio = r.labels.mean() / _st(name).jeffreys_oracle_labels(delta, 0.95)
+    assert ratio <= 1.05, ratio
+
+
+@pytest.mark.parametrize("name,delta", [("steep", 0.01), ("steep", 0.02), ("svm-margin", 0.02),
+                                        ("logit-underconfident", 0.02)])
+def test_neyman_bar_is_below_the_honest_floor(name, delta):
+    """Where the design misses the Neyman bar by more than its stopping margin,
+    even the best allocation, knowing the true strata, needs > 5 % more labels
+    than Neyman's for the interval's half-label-smoothed variance (nearly pure
+    strata: 0.9957 and 0.9998 in steep, 0.997 in svm-margin and
+    logit-underconfident)."""
+    st = _st(name)
+    assert st.jeffreys_oracle_labels(delta, 0.95) > 1.05 * st.oracle_labels(delta, 0.95)
 
 
 @pytest.mark.parametrize("delta", [0.01, 0.02])
