@@ -78,7 +78,7 @@ def test_labels_vs_oracle_not_yet_within_5_percent(name, delta, bound):
 # Every population with precision <= 0.92 (the range for the oracle
 # bar), both deltas: within 5 % of the Jeffreys oracle, the fewest labels any
 # allocation that knows the true strata needs for the default interval's
-# variance (measured 1.016-1.040 with 8000 runs; the 3.5 % stopping margin
+# variance (measured 1.003-1.041 with 8000 runs; the 3.5 % stopping margin
 # and the T=2 rule's last round are inside these ratios).
 JEFFREYS_CASES = [(p, d) for p in P.BUILTIN if p != "near-perfect" for d in (0.01, 0.02)]
 
