@@ -55,7 +55,6 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
 
     `service_bootstrap` lets the service reach Kafka through another address (a proxy)
     while the test's producer talks to the broker directly."""
-    from service.api.http import serve
     from service.app.runner import Service
 
     topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
@@ -71,11 +70,21 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
     service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in env.items()}))
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False)
     await producer.start()
+    async with serving(service, port, topics, producer, kafka_bootstrap) as run:
+        yield run
+
+
+@contextlib.asynccontextmanager
+async def serving(service, port: int, topics: dict[str, str], producer: AIOKafkaProducer, bootstrap: str):
+    """Start `service` and its HTTP server on `port`; on exit stop both and `producer` (already started)."""
+    from service.api.http import serve
+
     server = await serve(service, "127.0.0.1", port)
-    await service.start()
-    tasks = service.spawn()
+    tasks = []
     try:
-        yield Running(service, port, topics, producer, kafka_bootstrap)
+        await service.start()
+        tasks = service.spawn()
+        yield Running(service, port, topics, producer, bootstrap)
     finally:
         service.stopping.set()
         await asyncio.gather(*tasks, return_exceptions=True)

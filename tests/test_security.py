@@ -42,7 +42,7 @@ from service.embedded_tls import (
     openssl_binary,
     server_ssl_context,
 )
-from tests.harness import ServiceProcess, http_get, http_json, running_service, wait_for
+from tests.harness import ServiceProcess, http_get, http_json, running_service, serving, wait_for
 
 P = "STRATAMETER_"
 KAFKA_USER, KAFKA_SECRET = "svc-kafka", "kafka-Secret-7f3a9c!pw"
@@ -237,9 +237,6 @@ async def secure_kafka(tls_files, *, tls: bool, client_cert: bool, mechanisms=()
 @contextlib.asynccontextmanager
 async def secured_service(env: dict[str, str], unique_name):
     """Like `tests.harness.running_service`, but every Kafka client uses the settings' security."""
-    from service.api.http import serve
-    from tests.harness import Running
-
     topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
     port = find_free_port()
     settings = load_settings(_env(
@@ -255,19 +252,8 @@ async def secured_service(env: dict[str, str], unique_name):
         await admin.close()
     producer = AIOKafkaProducer(enable_idempotence=False, **kw)
     await producer.start()
-    service = Service(settings)
-    server = await serve(service, "127.0.0.1", port)
-    tasks = []
-    try:
-        await service.start()
-        tasks = service.spawn()
-        yield Running(service, port, topics, producer, settings.kafka_bootstrap_servers)
-    finally:
-        service.stopping.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        server.close()
-        await service.stop()
-        await producer.stop()
+    async with serving(Service(settings), port, topics, producer, settings.kafka_bootstrap_servers) as run:
+        yield run
 
 
 KAFKA_CASES = {

@@ -8,8 +8,9 @@ label count relative to random sampling and to the closed-form Neyman bound
 of the design's own binning), and %Jeffreys: the percent change relative to
 `stats.oracle.jeffreys_oracle_labels`, the fewest labels any allocation needs
 for the default interval's half-label-smoothed variance to reach the target
-(the floor of an honest interval where strata are nearly pure).  With a budget it reports Kumar & Raj's mean
-squared error ratio at a fixed label count instead.
+(the floor of an honest interval where strata are nearly pure).  With a
+budget it reports Kumar & Raj's mean squared error ratio at a fixed label
+count instead.
 
 Budget mode and strata without labels: the stratified estimator has no value
 while a non-empty stratum has no label (`estimator.stratified_estimate` is
@@ -103,10 +104,9 @@ def _one_design(args) -> tuple[int, dict]:
     seed = np.random.SeedSequence([req.seed, index])
     fpc = not req.protocol.with_replacement
     result: dict = {"oracle": st.oracle_labels(req.protocol.delta, req.protocol.confidence, fpc)}
-    if req.budget is None:
-        result["jeffreys_oracle"] = st.jeffreys_oracle_labels(req.protocol.delta, req.protocol.confidence, fpc)
     truth = req.population.truth
     if req.budget is None:
+        result["jeffreys_oracle"] = st.jeffreys_oracle_labels(req.protocol.delta, req.protocol.confidence, fpc)
         r = run_until_stop(st, design, req.protocol, req.runs, seed)
         result["labels"] = r.labels
         result["in_conf"] = float(np.mean(np.abs(r.estimate - truth) <= req.protocol.delta))

@@ -86,7 +86,9 @@ def jeffreys_oracle_allocation(N, p_true, delta: float, confidence: float = 0.95
     two-label minimum has the same marginal gain ``-dE[v_k]/dn_k`` (the
     Lagrange condition behind Neyman's allocation; Cochran 1977, Sec. 5.5);
     the common gain is found by bisection.  Continuous (not rounded) counts,
-    without the stopping rule's round granularity and variance margin.  Unlike
+    without the stopping rule's round granularity and variance margin, and
+    with the normal width ``z sqrt(v)``, to which the Wilson interval with
+    the design-effect sample size reduces at these label counts.  Unlike
     Neyman's, it is positive for pure strata: the interval cannot know they
     are pure without labels.
     """
