@@ -1,0 +1,202 @@
+"""Sampling a chunk whose population is still arriving.
+
+Bennett & Carvalho (2010) and Kumar & Raj sample a fixed population that is
+known before the first label.  A chunk of a stream grows for its whole length,
+so the service needs a rule under which *every* item of the final chunk, early
+or late, has a known chance of being labelled:
+
+**Threshold (sequential Poisson) sampling.**  Every item carries a uniform
+random priority ``u_i`` (the reservoir's bottom-k key).  Stratum ``k`` has an
+inclusion threshold ``tau_k`` that only ever rises; the sample is
+``{i in stratum k : u_i < tau_k}``, whenever the item arrived: an item that
+arrives later is requested as soon as it arrives below the threshold, and an
+item that arrived earlier is requested from the reservoir when the threshold
+rises past its priority (Ohlsson 1998, "Sequential Poisson sampling", J. Off.
+Stat. 14:149; the same ordered-priority idea as Rosen's order sampling).
+Given the number of labels ``n_k`` the labelled items are a simple random
+sample of the stratum, so the stratified estimator and its variance
+(`estimator`) apply unchanged; for a chunk that has closed the finite
+population correction uses the chunk's final size, for an open chunk none
+(the items still to come are not in the sample frame yet).
+
+**Pacing.**  While items flow, each stratum's threshold is raised to
+``PACE_SHARE * n*_k / N^_k``: ``n*_k`` is the Neyman allocation of the labels
+the target half-width needs (`target_labels`) and ``N^_k`` the stratum's
+expected final size (`expected_final_size`), so labels spread over the whole
+chunk instead of being spent on its first minutes.  ``PACE_SHARE < 1`` keeps
+early, noisy targets from locking in too high a threshold (it can never be
+lowered); once arrivals have stopped or the chunk has closed, the online OPT
+rounds of Bennett & Carvalho (allocation by ``opt_track``, the T-round
+stopping rule) top the sample up from the reservoir, raising thresholds past
+the next-lowest priorities, exactly as on a fixed population.  A chunk whose
+items arrive in one burst therefore runs the fixed-population design as soon
+as the burst is over.
+
+Everything here is vectorised over runs (last axis: strata) so that
+`stratameter simulate --stream` runs the very functions the service runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .allocation import MIN_LABELS_PER_STRATUM, pseudo_smoothed
+from .estimator import STOPPING_VARIANCE_MARGIN, Interval, interval, z_value
+
+#: Share of the Neyman target the pace aims at while items still arrive; the
+#: rounds after the arrivals stop make up the rest (see the module docstring).
+PACE_SHARE = 0.9
+#: A stream is taken to have stopped for this chunk after a silence of this
+#: many mean inter-arrival gaps (a Poisson stream is silent that long with
+#: probability e^-20) ...
+SILENCE_GAPS = 20.0
+#: ... and at least this long (arrivals are seen batch by batch) ...
+MIN_SILENCE_SECONDS = 30.0
+#: ... but never more than this share of the chunk's length.
+MIN_SILENCE_CHUNK_SHARE = 1.0 / 120.0
+#: Share of the hourly label budget available at the start of a clock hour;
+#: the rest accrues evenly over the hour (`budget_allowance`).
+BUDGET_BURST_SHARE = 0.1
+
+STATUSES: tuple[str, ...] = ("open", "waiting_for_budget", "converged", "exhausted")
+
+
+def is_closed(now_s, end_s, lateness_s: float) -> np.ndarray:
+    """A chunk is closed once its end lies more than the allowed lateness in the past."""
+    return np.asarray(now_s, dtype=float) >= np.asarray(end_s, dtype=float) + lateness_s
+
+
+def min_silence(chunk_seconds: float) -> float:
+    """The shortest silence taken as the end of a chunk's arrivals."""
+    return min(MIN_SILENCE_SECONDS, chunk_seconds * MIN_SILENCE_CHUNK_SHARE)
+
+
+def arrivals_flowing(N, first_s, last_s, now_s, end_s, chunk_seconds: float) -> np.ndarray:
+    """Whether more items are still expected in this chunk.
+
+    No when its end has passed, or when the stream has been silent for
+    ``max(SILENCE_GAPS mean gaps, min_silence)`` since the chunk's last
+    arrival (``first_s``/``last_s``: wall-clock times of the first and last
+    arrival in the chunk).
+    """
+    N = np.asarray(N, dtype=float)
+    span = np.maximum(np.asarray(last_s, dtype=float) - np.asarray(first_s, dtype=float), 0.0)
+    gap = span / np.maximum(N - 1.0, 1.0)
+    silence = np.maximum(SILENCE_GAPS * gap, min_silence(chunk_seconds))
+    now = np.asarray(now_s, dtype=float)
+    return (now - np.asarray(last_s, dtype=float) <= silence) & (now < np.asarray(end_s, dtype=float)) & (N > 0)
+
+
+def expected_final_size(N, first_s, last_s, now_s, end_s, chunk_seconds: float) -> np.ndarray:
+    """Forecast of a chunk's final number of items, ``N + rate * time left``.
+
+    ``rate`` is the chunk's mean arrival rate over its arrivals so far (over
+    at least `min_silence`, so one batch does not read as an infinite rate),
+    and no more items are expected once `arrivals_flowing` says the stream
+    stopped or the chunk's end has passed.
+    """
+    N = np.asarray(N, dtype=float)
+    span = np.maximum(np.asarray(last_s, dtype=float) - np.asarray(first_s, dtype=float), min_silence(chunk_seconds))
+    rate = N / span
+    left = np.maximum(np.asarray(end_s, dtype=float) - np.asarray(now_s, dtype=float), 0.0)
+    flowing = arrivals_flowing(N, first_s, last_s, now_s, end_s, chunk_seconds)
+    return N + np.where(flowing, rate * left, 0.0)
+
+
+def target_labels(N, n, h, q, delta: float, confidence: float) -> np.ndarray:
+    """Labels per stratum the target half-width needs: Neyman's allocation
+    ``n*_k = z^2 (sum_j W_j S_j) W_k S_k / delta^2`` (Kumar & Raj, Eq. 9-10),
+    without the finite population correction, with the stopping margin of the
+    default interval, ``S_k`` from the labels plus Druck & McCallum's score
+    pseudo-observations (`allocation.pseudo_smoothed`), and at least
+    ``MIN_LABELS_PER_STRATUM`` in every non-empty stratum.
+    """
+    N = np.asarray(N, dtype=float)
+    p = pseudo_smoothed(n, h, q)
+    S = np.sqrt(np.clip(p * (1.0 - p), 0.0, None))
+    total = N.sum(axis=-1, keepdims=True)
+    W = N / np.where(total > 0, total, 1.0)
+    z = z_value(confidence)
+    ws = np.sum(W * S, axis=-1, keepdims=True)
+    need = z * z * ws * W * S * STOPPING_VARIANCE_MARGIN / (delta * delta)
+    return np.where(N > 0, np.maximum(need, MIN_LABELS_PER_STRATUM), 0.0)
+
+
+def paced_thresholds(tau, N_final, n_target) -> np.ndarray:
+    """Raise each stratum's threshold to ``PACE_SHARE * n*_k / N^_k``; never lower it."""
+    N_final = np.asarray(N_final, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pace = np.where(N_final > 0, PACE_SHARE * np.asarray(n_target, dtype=float) / N_final, 0.0)
+    return np.maximum(np.asarray(tau, dtype=float), np.clip(pace, 0.0, 1.0))
+
+
+def chunk_interval(N, n, h, confidence: float, closed) -> Interval:
+    """The reported interval: with the finite population correction only once the chunk is closed."""
+    closed = np.asarray(closed, dtype=bool)
+    if closed.ndim == 0:
+        return interval(N, n, h, confidence, "wilson", fpc=bool(closed))
+    with_fpc = interval(N, n, h, confidence, "wilson", fpc=True)
+    without = interval(N, n, h, confidence, "wilson", fpc=False)
+    pick = lambda a, b: np.where(closed, a, b)  # noqa: E731
+    return Interval(pick(with_fpc.estimate, without.estimate), pick(with_fpc.lower, without.lower),
+                    pick(with_fpc.upper, without.upper), pick(with_fpc.stderr, without.stderr))
+
+
+def budget_allowance(max_per_hour: int, seconds_into_hour) -> np.ndarray:
+    """Label requests allowed so far in the current clock hour.
+
+    A tenth of the hourly budget is there at the top of the hour, the rest
+    accrues evenly, so a budget is never spent in the first minutes of the
+    hour; whatever the hour did not use is gone when the next one starts.
+    """
+    s = np.clip(np.asarray(seconds_into_hour, dtype=float), 0.0, 3600.0)
+    share = np.minimum(1.0, BUDGET_BURST_SHARE + (1.0 - BUDGET_BURST_SHARE) * s / 3600.0)
+    return np.floor(max_per_hour * share).astype(np.int64)
+
+
+def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, delta: float, confidence: float,
+                  round_labels: int, rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One decision of the request loop for one chunk (or many runs at once).
+
+    Returns ``(tau, want)``: the paced thresholds (while `flowing`) and the
+    extra labels per stratum of an online OPT round (``opt_track``, `round_labels`
+    labels) where the arrivals have stopped, the previous round is complete
+    (`round_ready`: nothing pending) and the chunk has not `converged`.  The
+    caller turns ``want`` into higher thresholds by taking the next-lowest
+    priorities of each stratum (`threshold_after`).
+    """
+    from .allocation import allocate  # local: allocation imports estimator, as does this module
+
+    N = np.asarray(N, dtype=float)
+    flowing = np.asarray(flowing, dtype=bool)[..., None]
+    N_final = np.asarray(N_final, dtype=float)
+    paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence))
+    tau = np.where(flowing, paced, np.asarray(tau, dtype=float))
+    want = allocate("opt_track", N=N, n=n, h=h, q=q, D=round_labels, round_index=0,
+                    rng=rng or np.random.default_rng(0), with_replacement=False)
+    do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
+    return tau, np.where(do_round[..., None], want, 0)
+
+
+def threshold_after(tau: float, free_priorities, extra: int) -> float:
+    """A stratum's threshold raised to take `extra` more items: the priority of
+    the `extra`-th lowest unrequested item (`free_priorities`, those above the
+    current threshold), so the sample stays every item at or below it."""
+    if extra <= 0:
+        return tau
+    free = np.sort(np.asarray(free_priorities, dtype=float))
+    if free.size == 0:
+        return tau
+    return max(tau, float(free[min(extra, free.size) - 1]))
+
+
+def chunk_status(streak, halfwidth, delta: float, stop_rounds: int, closed, nothing_left, budget_blocked) -> np.ndarray:
+    """``converged`` once the reported half-width is <= delta and has been for
+    `stop_rounds` evaluations (Bennett & Carvalho's T-round rule); else
+    ``waiting_for_budget`` when requests wait for the hourly budget;
+    ``exhausted`` when a closed chunk has nothing left to sample; else ``open``."""
+    hw = np.asarray(halfwidth, dtype=float)
+    met = np.isfinite(hw) & (hw <= delta) & (np.asarray(streak) >= stop_rounds)
+    out = np.where(np.asarray(budget_blocked, dtype=bool), "waiting_for_budget", "open")
+    out = np.where(np.asarray(closed, dtype=bool) & np.asarray(nothing_left, dtype=bool), "exhausted", out)
+    return np.where(met, "converged", out)
