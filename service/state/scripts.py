@@ -30,6 +30,12 @@ if p.last_event > le then redis.call('HSET', meta, 'last_event_ms', p.last_event
 for _, c in ipairs(p.chunks) do
   local ck = stem .. ':c:' .. c.t
   redis.call('ZADD', stem .. ':chunks', c.t, c.t)
+  if #c.N > 0 then  -- wall-clock arrival span of the chunk (the stream forecast, stats.streams)
+    redis.call('HSETNX', ck .. ':meta', 'first_ms', p.now)
+    if tonumber(redis.call('HGET', ck .. ':meta', 'last_ms') or '-1') < p.now then
+      redis.call('HSET', ck .. ':meta', 'last_ms', p.now)
+    end
+  end
   for i = 1, #c.hist, 2 do redis.call('HINCRBY', ck .. ':hist', c.hist[i], c.hist[i + 1]) end
   for i = 1, #c.N, 2 do redis.call('HINCRBY', ck .. ':N', c.N[i], c.N[i + 1]) end
   if c.lo then
