@@ -129,7 +129,8 @@ return #due
 
 # ARGV: chunk, now_ms, deadline_ms, hour, round, fence, requests JSON
 # [[rid, stratum, item_id, score, member], ...], replaced JSON {stratum: used}, retention_ms
-# (a request is kept that long after its deadline, to recognise duplicate answers)
+# (a request is kept that long after its deadline, to recognise duplicate answers), and
+# optionally the chunk's inclusion thresholds JSON (stats.streams) the requests were drawn under
 ISSUE = r"""
 local stem = KEYS[1]
 if redis.call('GET', stem .. ':lease') ~= ARGV[6] then return {-1} end
@@ -149,6 +150,7 @@ end
 redis.call('HINCRBY', stem .. ':counters', 'requests_total', #issued)
 redis.call('HINCRBY', stem .. ':hourly', ARGV[4], #issued)
 redis.call('HSET', ck .. ':meta', 'round', ARGV[5])
+if ARGV[10] then redis.call('HSET', ck .. ':meta', 'tau', ARGV[10]) end
 for k, used in pairs(cjson.decode(ARGV[8])) do
   local left = tonumber(redis.call('HGET', ck .. ':replace', k) or '0') - used
   if left > 0 then redis.call('HSET', ck .. ':replace', k, left) else redis.call('HDEL', ck .. ':replace', k) end

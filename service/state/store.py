@@ -33,10 +33,18 @@ class ChunkState:
     replace: dict[int, int] = field(default_factory=dict)
     min: float = float("nan")
     max: float = float("nan")
+    tau: np.ndarray | None = None  # per stratum the inclusion threshold (stats.streams), None before any request
+    first_ms: int = -1  # wall-clock time of the chunk's first and last arrival
+    last_ms: int = -1
 
     @property
     def strata(self) -> int:
         return self.cuts.size + 1
+
+    @property
+    def thresholds(self) -> np.ndarray:
+        tau = np.zeros(self.strata) if self.tau is None else np.asarray(self.tau, dtype=float)
+        return tau if tau.size == self.strata else np.zeros(self.strata)
 
 
 def _vec(raw: dict, k: int) -> np.ndarray:
@@ -187,18 +195,47 @@ class Store:
     async def reservoir(self, cid: str, t: int, k: int) -> list[str]:
         return [m.decode() for m in await self.redis.zrange(f"{self.keys.chunk(cid, t)}:res:{k}", 0, -1)]
 
+    async def reservoirs(self, cid: str, t: int, strata: int) -> list[list[tuple[str, float]]]:
+        """Every stratum's reservoir as (member, priority), lowest priority first."""
+        pipe = self.redis.pipeline(transaction=False)
+        for k in range(strata):
+            pipe.zrange(f"{self.keys.chunk(cid, t)}:res:{k}", 0, -1, withscores=True)
+        return [[(m.decode(), float(p)) for m, p in res] for res in await pipe.execute()]
+
+    async def pending_by_chunk(self, cid: str) -> dict[int, int]:
+        """Outstanding requests per chunk."""
+        stem = self.keys.classifier(cid)
+        rids = [r.decode() for r in await self.redis.zrange(f"{stem}:pending", 0, -1)]
+        if not rids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hget(f"{stem}:req:{rid}", "chunk")
+        out: dict[int, int] = {}
+        for chunk in await pipe.execute():
+            if chunk is not None:
+                out[int(chunk)] = out.get(int(chunk), 0) + 1
+        return out
+
+    async def set_status(self, cid: str, t: int, status: str) -> None:
+        """The chunk's status as the request loop last saw it (derived state, not guarded)."""
+        await self.redis.hset(f"{self.keys.chunk(cid, t)}:meta", "status", status)
+
     async def sampled(self, cid: str, t: int, item_ids: list[str]) -> list[bool]:
         if not item_ids:
             return []
         return [bool(x) for x in await self.redis.smismember(f"{self.keys.chunk(cid, t)}:sampled", item_ids)]
 
     async def issue(self, cid: str, t: int, now_ms: int, deadline_ms: int, round_no: int, fence: str,
-                    requests: list[list], replaced: dict[int, int], retention_ms: int) -> list[str] | None:
-        """Record a round's requests (ISSUE); None if this instance lost the lease."""
-        res = await self._scripts["ISSUE"](
-            keys=[self.keys.classifier(cid)],
-            args=[str(t), now_ms, deadline_ms, now_ms // 3_600_000, round_no, fence,
-                  orjson.dumps(requests), orjson.dumps({str(k): v for k, v in replaced.items()}), retention_ms])
+                    requests: list[list], replaced: dict[int, int], retention_ms: int,
+                    thresholds: np.ndarray | None = None) -> list[str] | None:
+        """Record a round's requests (ISSUE) and the thresholds they were drawn under;
+        None if this instance lost the lease."""
+        args = [str(t), now_ms, deadline_ms, now_ms // 3_600_000, round_no, fence,
+                orjson.dumps(requests), orjson.dumps({str(k): v for k, v in replaced.items()}), retention_ms]
+        if thresholds is not None:
+            args.append(orjson.dumps([float(x) for x in thresholds]))
+        res = await self._scripts["ISSUE"](keys=[self.keys.classifier(cid)], args=args)
         if res and not isinstance(res[0], bytes) and int(res[0]) == -1:
             return None
         return [r.decode() for r in res]
@@ -262,6 +299,8 @@ class Store:
                 int(meta.get("evaluated_round", 0)), int(meta.get("streak", 0)), meta.get("status", "open"),
                 {int(a): int(b) for a, b in rep.items()},
                 float(meta.get("min", "nan")), float(meta.get("max", "nan")),
+                np.asarray(orjson.loads(meta["tau"]), dtype=float) if "tau" in meta else None,
+                int(meta.get("first_ms", -1)), int(meta.get("last_ms", -1)),
             ))
         return out
 
