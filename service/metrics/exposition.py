@@ -26,6 +26,8 @@ class SnapshotCollector:
             ("stratameter_precision_stderr_ratio", "Standard error of the precision estimate"),
             ("stratameter_labels_pending", "Label requests awaiting an answer"),
             ("stratameter_last_label_timestamp_seconds", "Time the last label was folded"),
+            ("stratameter_label_budget_remaining", "Label requests the paced hourly budget allows now "
+                                                   "(0: labelling waits for the budget)"),
         )}
         scores = CounterMetricFamily("stratameter_scores", "Score records counted", labels=["classifier"])
         requests = CounterMetricFamily("stratameter_label_requests", "Label requests issued", labels=["classifier"])
@@ -49,6 +51,7 @@ class SnapshotCollector:
                 if v[key] is not None:
                     g[name].add_metric([cid], v[key])
             g["stratameter_labels_pending"].add_metric([cid], v["pending"])
+            g["stratameter_label_budget_remaining"].add_metric([cid], v["label_budget_remaining"])
             if v["last_label_at"] is not None:
                 g["stratameter_last_label_timestamp_seconds"].add_metric([cid], v["last_label_ms"] / 1000)
             scores.add_metric([cid], v["scores"])

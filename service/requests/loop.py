@@ -1,13 +1,19 @@
 """The online OPT loop of one classifier (Bennett & Carvalho 2010, Fig. 1),
 driven by events instead of a timer.
 
-One step: expire overdue requests; if the round still has open requests, wait;
-otherwise evaluate the finished round once (interval, T-round streak), and
-unless the chunk has converged or the hourly budget is spent, allocate the
-next round with the statistics core, pick unrequested items from the
-strata reservoirs (lowest priorities first, i.e. a uniform sample), record the
-requests in Redis (outbox) and publish them all at once.  Skipped and expired
-requests are replaced in their stratum in the next round.
+A chunk's population grows while it is sampled, so the loop runs the stream
+design of `stats.streams` (threshold sampling: the sample is every item whose
+reservoir priority is at or below its stratum's threshold).  One step, for the
+newest chunk that has started and the one before it: expire overdue requests;
+when a round has completed with new labels, evaluate it once (interval,
+T-round streak); while items still arrive, raise the thresholds to the paced
+target; once arrivals have stopped or the chunk has closed, run an online OPT
+round (allocation by the core) by raising thresholds past the next-lowest
+priorities; then request every unrequested reservoir item at or below its
+threshold, as far as the paced hourly budget allows: record the requests in
+Redis (outbox) and publish them all at once.  Skipped and expired requests
+leave the sample (missing at random within the stratum); the next round's
+allocation makes up for them.
 
 Only the instance holding the classifier's lease runs its loop; the ISSUE
 script checks the lease (fencing) so a paused former owner cannot issue.
@@ -23,12 +29,16 @@ from datetime import datetime, timezone
 import numpy as np
 import orjson
 
-from ..stats import allocation, estimator, stopping
+from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
 from ..state.store import ChunkState, Store
 
 log = logging.getLogger("stratameter.requests")
+
+#: Chunks the loop samples at once: the newest that has started, and the one before it
+#: (still open for late records, or topping up its sample after closing).
+ACTIVE_CHUNKS = 2
 
 
 def rfc3339(ms: int) -> str:
@@ -46,10 +56,6 @@ def request_message(rid: str, cid: str, stratum: int, member: dict, requested_ms
         "stratum": stratum, "requested_at": rfc3339(requested_ms), "expires_at": rfc3339(deadline_ms),
         "context": member.get("x"),
     })
-
-
-def round_interval(cs: ChunkState, confidence: float) -> estimator.Interval:
-    return estimator.interval(cs.N, cs.n, cs.h, confidence, "wilson", fpc=True)
 
 
 class RequestLoop:
@@ -77,85 +83,109 @@ class RequestLoop:
         return len(records)
 
     async def step(self, cid: str) -> int:
-        """One step of the loop; returns the number of requests issued."""
+        """One step of the loop for every chunk still sampling; returns the number of requests issued."""
         cfg = self.settings.for_classifier(cid)
         now = int(time.time() * 1000)
         await self.store.expire(cid, now)
-        if await self.store.pending_count(cid) > 0:
-            return 0
         ids = await self.store.chunk_ids(cid)
         if not ids:
             return 0
         if len(ids) > cfg.chunk_retention and self._purged.get(cid) != ids[-1]:
             await self.store.purge_chunks(cid, ids, cfg.chunk_retention, max(cfg.history_chunks, cfg.chunk_retention))
             self._purged[cid] = ids[-1]
-        chunks = await self.store.chunks(cid, ids[-1:])
-        if not chunks:
+        # the newest chunk that has started and the one before it (open for its lateness, or topping up)
+        started = [t for t in ids if t * cfg.chunk_seconds * 1000 <= now][-ACTIVE_CHUNKS:]
+        if not started:
             return 0
-        cs = chunks[0]
-        if cs.round > cs.evaluated_round:
-            iv = round_interval(cs, cfg.confidence)
-            streak = int(stopping.next_streak(cs.streak, iv.halfwidth, cfg.delta))
-            status = "converged" if stopping.should_stop(streak, cfg.stop_rounds) else "open"
-            await self.store.evaluate_round(cid, cs.chunk, cs.round, streak, status)
-            cs.streak, cs.status, cs.evaluated_round = streak, status, cs.round
-        if cs.status == "converged" or cs.N.sum() == 0:
-            return 0
-        budget = cfg.max_labels_per_hour - await self.store.issued_this_hour(cid, now)
-        if budget <= 0:
-            return 0
-        want = self._allocate(cid, cs, cfg, await self.store.chunk_histogram(cid, cs.chunk))
-        requests, used_replace = await self._pick(cid, cs, want, budget)
+        pending = await self.store.pending_by_chunk(cid)
+        issued = 0
+        for cs in await self.store.chunks(cid, started):
+            if getattr(cs, "provisional", False) or cs.N.sum() == 0:
+                continue
+            issued += await self._step_chunk(cid, cs, cfg, now, pending.get(cs.chunk, 0), issued)
+        return issued
+
+    async def _step_chunk(self, cid: str, cs: ChunkState, cfg, now: int, pending: int, issued_before: int) -> int:
+        """The stream design of `stats.streams` for one chunk: evaluate, pace or top up, request."""
+        now_s, end_s = now / 1000, (cs.chunk + 1) * cfg.chunk_seconds
+        closed = bool(streams.is_closed(now_s, end_s, _lateness(cfg)))
+        total = float(cs.N.sum())
+        first_s, last_s = cs.first_ms / 1000, cs.last_ms / 1000
+        flowing = bool(streams.arrivals_flowing(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds)) and not closed
+        final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
+        iv = streams.chunk_interval(cs.N, cs.n, cs.h, cfg.confidence, closed)
+        halfwidth = float(iv.halfwidth)
+        streak = cs.streak
+        labels = int(cs.n.sum())
+        if pending == 0 and labels > cs.evaluated_round:  # a round completed with new labels: evaluate once
+            streak = int(stopping.next_streak(streak, halfwidth, cfg.delta))
+            await self.store.evaluate_round(cid, cs.chunk, labels, streak, cs.status)
+        converged = bool(np.isfinite(halfwidth) and halfwidth <= cfg.delta and streak >= cfg.stop_rounds)
+        q = self._prior(cs, cfg, await self.store.chunk_histogram(cid, cs.chunk))
+        tau, want = streams.plan_requests(cs.N, cs.n, cs.h, q, cs.thresholds, cs.N * final / total, flowing,
+                                          pending == 0, converged, cfg.delta, cfg.confidence,
+                                          allocation.round_size(cs.strata, cfg.round_labels_per_stratum), self.rng)
+        due, tau, left = await self._due(cid, cs, cfg, tau, want)
+        budget = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600))
+                     - await self.store.issued_this_hour(cid, now) - issued_before)
+        status = str(streams.chunk_status(streak, halfwidth, cfg.delta, cfg.stop_rounds, closed,
+                                          left == 0 and pending == 0 and not due, len(due) > budget))
+        requests = [(new_request_id(cid), k, orjson.loads(raw), raw) for k, raw in due[:budget]]
         if not requests:
+            if status != cs.status:
+                await self.store.set_status(cid, cs.chunk, status)
             return 0
         deadline = now + int(cfg.label_timeout_seconds * 1000)
         issued = await self.store.issue(cid, cs.chunk, now, deadline, cs.round + 1, self.instance,
-                                        [[rid, k, m["i"], m["s"], raw] for rid, k, m, raw in requests], used_replace,
-                                        int(cfg.request_retention_seconds * 1000))
+                                        [[rid, k, m["i"], m["s"], raw] for rid, k, m, raw in requests], {},
+                                        int(cfg.request_retention_seconds * 1000), tau)
         if issued is None:
             log.warning("lost the lease while issuing", extra={"classifier": cid})
             return 0
+        await self.store.set_status(cid, cs.chunk, status)
         ok = set(issued)
         records = [(cid, request_message(rid, cid, k, m, now, deadline)) for rid, k, m, _ in requests if rid in ok]
         await self.publish(records)
         await self.store.mark_published(cid, issued)
         return len(issued)
 
-    def _allocate(self, cid: str, cs: ChunkState, cfg, hist_sparse: dict[int, int]) -> np.ndarray:
-        k = cs.strata
+    def _prior(self, cs: ChunkState, cfg, hist_sparse: dict[int, int]) -> np.ndarray:
+        """Mean calibrated score per stratum (the allocation's prior), 1/2 where unknown."""
         if hist_sparse and np.isfinite(cs.min) and np.isfinite(cs.max):
             hist = ScoreHistogram.from_sparse(hist_sparse, cs.min, cs.max)
-            q = stratum_mean_probability(hist, cs.cuts, cfg.score_kind)
-        else:
-            q = np.full(k, 0.5)
-        D = allocation.round_size(k, cfg.round_labels_per_stratum)
-        want = allocation.allocate(cfg.allocation, N=cs.N, n=cs.n, h=cs.h, q=q, D=D,
-                                   round_index=cs.round, rng=self.rng, with_replacement=False)
-        for stratum, count in cs.replace.items():
-            if 0 <= stratum < k:
-                want[stratum] += count
-        return want
+            return stratum_mean_probability(hist, cs.cuts, cfg.score_kind)
+        return np.full(cs.strata, 0.5)
 
-    async def _pick(self, cid: str, cs: ChunkState, want: np.ndarray, budget: int):
-        requests, used_replace = [], {}
-        for k in np.flatnonzero(want > 0):
-            if len(requests) >= budget:
-                break
-            members = await self.store.reservoir(cid, cs.chunk, int(k))
-            parsed = [orjson.loads(m) for m in members]
-            taken = await self.store.sampled(cid, cs.chunk, [p["i"] for p in parsed])
-            free = [(p, raw) for p, raw, t in zip(parsed, members, taken) if not t]
-            seen: set[str] = set()
-            chosen = []
-            for p, raw in free:
-                if p["i"] in seen:
-                    continue
-                seen.add(p["i"])
-                chosen.append((p, raw))
-                if len(chosen) >= min(int(want[k]), budget - len(requests)):
-                    break
-            for p, raw in chosen:
-                requests.append((new_request_id(cid), int(k), p, raw))
-            if cs.replace.get(int(k)):
-                used_replace[int(k)] = min(cs.replace[int(k)], len(chosen))
-        return requests, used_replace
+    async def _due(self, cid: str, cs: ChunkState, cfg, tau: np.ndarray, want: np.ndarray
+                   ) -> tuple[list[tuple[int, str]], np.ndarray, int]:
+        """Unrequested reservoir items at or below each stratum's threshold, after
+        raising the thresholds of the strata a round wants more labels from.
+
+        Returns the due items as (stratum, member), the most urgent first
+        (lowest priority relative to its threshold), the thresholds, and the
+        number of unrequested items left above them.  A full reservoir keeps
+        nothing above its largest priority, so no threshold is raised past it
+        (the design's cap on labels per stratum and chunk)."""
+        tau = np.array(tau, dtype=float)
+        reservoirs = await self.store.reservoirs(cid, cs.chunk, cs.strata)
+        items = [(k, raw, p) for k, res in enumerate(reservoirs) for raw, p in res]
+        taken = await self.store.sampled(cid, cs.chunk, [orjson.loads(raw)["i"] for _, raw, _ in items])
+        free: dict[int, list[tuple[float, str]]] = {k: [] for k in range(cs.strata)}
+        for (k, raw, p), t in zip(items, taken):
+            if not t:
+                free[k].append((p, raw))
+        due, left = [], 0
+        for k, res in enumerate(reservoirs):
+            above = [p for p, _ in free[k] if p > tau[k]]
+            raised = streams.threshold_after(tau[k], above, int(want[k]))
+            if len(res) >= cfg.reservoir_size:
+                raised = min(raised, res[-1][1])
+            tau[k] = max(cs.thresholds[k], raised)
+            due += [(p / max(tau[k], 1e-300), k, raw) for p, raw in free[k] if p <= tau[k]]
+            left += sum(1 for p, _ in free[k] if p > tau[k])
+        due.sort()
+        return [(k, raw) for _, k, raw in due], tau, left
+
+
+def _lateness(cfg) -> float:
+    return float(getattr(cfg, "allowed_lateness_seconds", 300))
