@@ -1,0 +1,123 @@
+"""The stream design's pure functions (service/stats/streams.py) on hand-computed cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.stats import streams
+from service.stats.estimator import STOPPING_VARIANCE_MARGIN, z_value
+
+
+def test_closed_once_the_end_is_further_in_the_past_than_the_lateness():
+    assert not streams.is_closed(3900 - 1e-6, 3600, 300)
+    assert streams.is_closed(3900, 3600, 300)
+    assert streams.is_closed([100, 4000], 3600, 300).tolist() == [False, True]
+
+
+def test_min_silence_is_30_s_or_a_120th_of_the_chunk():
+    assert streams.min_silence(3600) == 30.0
+    assert streams.min_silence(60) == 0.5
+
+
+def test_flowing_until_a_silence_of_20_mean_gaps():
+    # 100 items over 99 s: mean gap 1 s, silence threshold max(20 s, 30 s) = 30 s
+    assert streams.arrivals_flowing(100, 0, 99, 129, 3600, 3600)
+    assert not streams.arrivals_flowing(100, 0, 99, 129.5, 3600, 3600)
+    # a slower stream: 10 items over 900 s, gap 100 s, threshold 2000 s
+    assert streams.arrivals_flowing(10, 0, 900, 2800, 3600, 3600)
+    assert not streams.arrivals_flowing(10, 0, 900, 2901, 3600, 3600)
+
+
+def test_not_flowing_once_the_chunk_end_passed_or_when_empty():
+    assert not streams.arrivals_flowing(100, 0, 3599, 3600, 3600, 3600)
+    assert not streams.arrivals_flowing(0, 0, 0, 1, 3600, 3600)
+
+
+def test_expected_final_size_extrapolates_the_mean_rate():
+    # 100 items over 99 s, 3500 s left: 100 + (100/99) * 3500
+    assert streams.expected_final_size(100, 0, 99, 100, 3600, 3600) == pytest.approx(100 + 100 / 99 * 3500)
+    # one batch: its rate is read over the minimum silence (30 s), not as infinite
+    assert streams.expected_final_size(3000, 5, 5, 6, 3600, 3600) == pytest.approx(3000 + 100 * 3594)
+    # silent for longer than the threshold, or past the end: no more items expected
+    assert streams.expected_final_size(3000, 5, 5, 36, 3600, 3600) == 3000
+    assert streams.expected_final_size(100, 0, 99, 3700, 3600, 3600) == 100
+
+
+def test_target_labels_is_neyman_without_fpc_hand_case():
+    # K=2, N=[100,100], no labels: S = sqrt(q(1-q)) = [0.5, 0.3]; W = 1/2 each
+    # n*_k = z^2 (sum W S) W_k S_k margin / delta^2
+    z2 = z_value(0.95) ** 2
+    want = [z2 * 0.4 * 0.5 * s * STOPPING_VARIANCE_MARGIN / 0.05 ** 2 for s in (0.5, 0.3)]
+    got = streams.target_labels([100, 100], [0, 0], [0, 0], [0.5, 0.9], 0.05, 0.95)
+    assert got == pytest.approx(want)
+    assert want[0] == pytest.approx(159.04, abs=0.01)
+
+
+def test_target_labels_has_two_per_nonempty_stratum_and_none_for_empty():
+    got = streams.target_labels([1000, 0, 1000], [0, 0, 0], [0, 0, 0], [1.0, 0.5, 1.0], 0.05, 0.95)
+    assert got.tolist() == [2.0, 0.0, 2.0]
+
+
+def test_target_labels_learns_from_labels():
+    # 90 labels, 45 positive, prior 0.99: pseudo_smoothed = (45 + 9.9) / 100 = 0.549
+    got = streams.target_labels([100], [90], [45], [0.99], 0.05, 0.95)
+    p = 0.549
+    assert got[0] == pytest.approx(z_value(0.95) ** 2 * p * (1 - p) * STOPPING_VARIANCE_MARGIN / 0.05 ** 2)
+
+
+def test_paced_thresholds_take_a_share_of_the_target_and_never_decrease():
+    tau = streams.paced_thresholds([0.5, 0.0, 0.0], [1000, 1000, 0], [100, 100, 5])
+    assert tau.tolist() == pytest.approx([0.5, streams.PACE_SHARE * 0.1, 0.0])
+    assert streams.paced_thresholds([0.0], [10], [100]).tolist() == [1.0]
+
+
+def test_threshold_after_takes_the_next_lowest_priorities():
+    assert streams.threshold_after(0.1, [0.5, 0.2, 0.3], 2) == 0.3
+    assert streams.threshold_after(0.1, [0.5, 0.2, 0.3], 5) == 0.5
+    assert streams.threshold_after(0.1, [0.5, 0.2], 0) == 0.1
+    assert streams.threshold_after(0.1, [], 3) == 0.1
+
+
+def test_plan_paces_while_flowing_and_runs_rounds_once_stopped():
+    N, n, h, q = np.full(4, 900.0), np.zeros(4), np.zeros(4), np.array([0.6, 0.75, 0.9, 0.98])
+    tau, want = streams.plan_requests(N, n, h, q, np.zeros(4), 4 * N, True, True, False, 0.02, 0.95, 8)
+    assert want.tolist() == [0, 0, 0, 0]
+    assert tau == pytest.approx(streams.PACE_SHARE * streams.target_labels(4 * N, n, h, q, 0.02, 0.95) / (4 * N))
+    tau, want = streams.plan_requests(N, n, h, q, np.zeros(4), N, False, True, False, 0.02, 0.95, 8)
+    assert tau.tolist() == [0, 0, 0, 0] and want.tolist() == [2, 2, 2, 2]
+    # a round still pending, or converged: no new round
+    assert streams.plan_requests(N, n, h, q, np.zeros(4), N, False, False, False, 0.02, 0.95, 8)[1].sum() == 0
+    assert streams.plan_requests(N, n, h, q, np.zeros(4), N, False, True, True, 0.02, 0.95, 8)[1].sum() == 0
+
+
+def test_plan_is_vectorised_over_runs():
+    N = np.full((3, 2), 500.0)
+    tau, want = streams.plan_requests(N, np.zeros((3, 2)), np.zeros((3, 2)), np.full((3, 2), 0.8), np.zeros((3, 2)),
+                                      N * 2, np.array([True, False, False]), np.array([True, True, False]),
+                                      np.array([False, False, False]), 0.05, 0.95, 4)
+    assert want.sum(axis=-1).tolist() == [0, 4, 0]
+    assert (tau[0] > 0).all() and (tau[1:] == 0).all()
+
+
+def test_open_interval_has_no_fpc_and_never_zero_width():
+    # every arrived item labelled: with the fpc this would be exact (zero width)
+    N, n, h = [9], [9], [8]
+    open_iv = streams.chunk_interval(N, n, h, 0.95, closed=False)
+    closed_iv = streams.chunk_interval(N, n, h, 0.95, closed=True)
+    assert open_iv.halfwidth > 0.1
+    assert closed_iv.halfwidth < open_iv.halfwidth
+    mixed = streams.chunk_interval([[9], [9]], [[9], [9]], [[8], [8]], 0.95, np.array([False, True]))
+    assert mixed.halfwidth.tolist() == pytest.approx([float(open_iv.halfwidth), float(closed_iv.halfwidth)])
+
+
+def test_budget_allowance_accrues_over_the_hour():
+    assert streams.budget_allowance(500, [0, 1800, 3599, 3600]).tolist() == [50, 275, 499, 500]
+
+
+def test_status():
+    s = streams.chunk_status([2, 1, 2, 0, 0, 3], [0.01, 0.01, 0.03, 0.05, 0.05, 0.01], 0.02, 2,
+                             [False, False, False, True, False, True], [False, False, False, True, True, True],
+                             [False, False, True, False, False, True])
+    assert s.tolist() == ["converged", "open", "waiting_for_budget", "exhausted", "open", "converged"]
+    assert streams.chunk_status(5, float("nan"), 0.02, 2, False, False, False) == "open"
