@@ -72,7 +72,9 @@ def stratified_variance(N, n, h, fpc: bool = True, p_var=None) -> np.ndarray:
     ``v = sum_k W_k^2 (1 - n_k/N_k) s_k^2 / n_k`` with the unbiased
     ``s_k^2 = n_k/(n_k-1) p_k (1-p_k)``; the factor ``(1 - n_k/N_k)`` is the
     finite population correction, used when sampling without replacement
-    (Bennett & Carvalho 2010, Sec. 4).  ``p_var`` optionally replaces the
+    (Bennett & Carvalho 2010, Sec. 4).  It never counts a stratum as fully
+    known: a labelled census is corrected as if one item were still unlabelled
+    (a reviewer's label is not ground truth), so no interval has zero width.  ``p_var`` optionally replaces the
     per-stratum proportion used inside ``s_k^2`` (see `wilson_interval`).
     Infinite where a non-empty stratum has fewer than 2 labels.
     """
@@ -81,7 +83,7 @@ def stratified_variance(N, n, h, fpc: bool = True, p_var=None) -> np.ndarray:
     safe_n = np.maximum(n, 2.0)
     p_k = h / np.maximum(n, 1.0) if p_var is None else np.asarray(p_var, dtype=float)
     s2 = safe_n / (safe_n - 1.0) * p_k * (1.0 - p_k)
-    f = np.where(N > 0, n / np.maximum(N, 1.0), 1.0) if fpc else 0.0
+    f = np.where(N > 0, np.minimum(n, N - 1.0) / np.maximum(N, 1.0), 1.0) if fpc else 0.0
     term = W**2 * np.clip(1.0 - f, 0.0, 1.0) * s2 / safe_n
     term = np.where(W > 0, term, 0.0)
     too_few = (n < 2) & (W > 0) & ~((N <= n) & fpc)  # a fully labelled stratum is exact
