@@ -11,7 +11,12 @@ models from here (``Model.model_json_schema()``).  Four topics::
 Values are UTF-8 JSON objects.  Unknown fields are ignored (producers may add
 their own), and ``null`` for an optional field means the same as leaving it
 out.  Times are RFC 3339 strings with a ``Z`` or ``+hh:mm`` offset (naive
-times are rejected) or epoch milliseconds as a JSON number.
+times are rejected) or epoch milliseconds as a JSON number; a score record's
+``event_time`` may also be epoch seconds (`event_time_to_ms`: a number below
+`EPOCH_MS_FROM` is seconds, at or above it milliseconds; negative is rejected).
+Whether an event time lies in the window the service accepts (not too far in
+the future, its chunk not closed) depends on the service's clock: the parser
+and `ScoreRecord` take that window from their caller (`event_time_window`).
 
 The pydantic models are for documentation, JSON schema, outbound
 serialization and tests.  The consumers' hot path does not build them: it uses
@@ -36,8 +41,10 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    ValidationInfo,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 # --------------------------------------------------------------------------- topics
 
@@ -68,6 +75,10 @@ MAX_DEAD_LETTER_DETAIL_BYTES = 1024
 #: epoch milliseconds accepted for event_time / labeled_at: years 0001 to 9999 UTC.
 MIN_EPOCH_MS = -62_135_596_800_000
 MAX_EPOCH_MS = 253_402_300_799_999
+#: a numeric ``event_time`` below this is epoch *seconds*, at or above it epoch *milliseconds*.
+#: 1e11 ms is 1973-03-03T09:46:40Z and 1e11 s is in year 5138, so every date from 1973-03-03 to
+#: year 5138 reads the same either way it is sent.
+EPOCH_MS_FROM = 100_000_000_000
 
 # --------------------------------------------------------------------------- reject reasons
 
@@ -84,7 +95,12 @@ REJECT_REASONS: dict[str, str] = {
     "not_finite:score": "the score is NaN, +-Infinity, or outside the double range (e.g. 1e999)",
     "bad_classifier_id": f"classifier_id is not 1-{MAX_CLASSIFIER_ID_CHARS} characters of [{CLASSIFIER_ID_CHARS}]",
     "bad_item_id": f"item_id is empty or longer than {MAX_ITEM_ID_CHARS} characters",
-    "bad_event_time": "event_time is neither an RFC 3339 time with offset nor finite epoch milliseconds in years 1-9999",
+    "bad_event_time": "event_time is neither an RFC 3339 time with offset nor a finite, non-negative epoch number "
+                      "(seconds below 1e11, else milliseconds) up to year 9999",
+    "event_time_in_future": "the event time (event_time, else the record timestamp) is more than "
+                            "STRATAMETER_MAX_EVENT_TIME_SKEW_SECONDS after the service's clock",
+    "event_time_too_late": "the event time's chunk has closed (its end is more than "
+                           "STRATAMETER_ALLOWED_LATENESS_SECONDS in the past)",
     "context_too_large": f"context is larger than {MAX_CONTEXT_BYTES} bytes serialized compactly (or nests too deeply)",
     "bad_request_id": f"request_id is empty or longer than {MAX_REQUEST_ID_CHARS} characters",
     "bad_labeler_id": f"labeler_id is longer than {MAX_LABELER_ID_CHARS} characters",
@@ -163,6 +179,41 @@ def time_to_ms(value: Any) -> int | None:
     return None
 
 
+def event_time_to_ms(value: Any) -> int | None:
+    """Epoch ms of a score record's ``event_time``, None if invalid.
+
+    An RFC 3339 string as in `rfc3339_to_ms`.  A number below `EPOCH_MS_FROM` (1e11) is epoch
+    *seconds*, at or above it epoch *milliseconds* (floats floored to the millisecond); a
+    negative number, NaN, an infinity, a boolean or a time after year 9999 is invalid.
+    """
+    t = type(value)
+    if t is int:
+        if value >= EPOCH_MS_FROM:
+            return value if value <= MAX_EPOCH_MS else None
+        return value * 1000 if value >= 0 else None
+    if t is float:  # NaN fails every comparison
+        if value >= EPOCH_MS_FROM:
+            return int(value // 1) if value <= MAX_EPOCH_MS else None
+        # seconds: round away the binary error of x * 1000 (1.1 s is 1100 ms, not 1100.0000000000002)
+        return int(round(value * 1000, 3) // 1) if value >= 0 else None
+    if t is str:
+        return rfc3339_to_ms(value)
+    return None
+
+
+def event_time_window(now_ms: int, chunk_seconds: int, max_skew_seconds: float, allowed_lateness_seconds: float
+                      ) -> tuple[int, int]:
+    """The event times (epoch ms, both ends included) the service accepts at wall-clock `now_ms`.
+
+    Upper end: ``now + max_skew``; later is ``event_time_in_future``.  Lower end: the start of
+    the oldest chunk not yet closed, ``floor((now - lateness) / chunk) * chunk``; a chunk ``t``
+    closes once ``now >= (t + 1) * chunk + lateness``, and an earlier time is ``event_time_too_late``.
+    """
+    chunk_ms = 1000 * int(chunk_seconds)
+    oldest_open = (int(now_ms) - int(allowed_lateness_seconds * 1000)) // chunk_ms * chunk_ms
+    return oldest_open, int(now_ms) + int(max_skew_seconds * 1000)
+
+
 def format_time(ms: int) -> str:
     """RFC 3339 UTC string with millisecond precision: ``2024-06-10T08:13:20.000Z``."""
     d = _EPOCH + timedelta(milliseconds=int(ms))
@@ -190,6 +241,13 @@ def _check_time(value: Any) -> Any:
     if time_to_ms(value) is None:
         raise ValueError("must be an RFC 3339 date-time with offset (e.g. 2024-06-10T08:13:20Z) "
                          "or epoch milliseconds in years 1-9999")
+    return value
+
+
+def _check_event_time(value: Any) -> Any:
+    if event_time_to_ms(value) is None:
+        raise ValueError("must be an RFC 3339 date-time with offset (e.g. 2024-06-10T08:13:20Z) or a non-negative "
+                         "epoch number up to year 9999: seconds below 1e11, else milliseconds")
     return value
 
 
@@ -221,6 +279,11 @@ FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 WireTime = Annotated[
     Annotated[StrictStr, Field(json_schema_extra={"format": "date-time"})] | StrictInt | FiniteNumber,
     AfterValidator(_check_time),
+]
+#: A score record's event time: RFC 3339 with offset, or epoch seconds (< 1e11) / milliseconds (>= 1e11).
+EventTime = Annotated[
+    Annotated[StrictStr, Field(json_schema_extra={"format": "date-time"})] | StrictInt | FiniteNumber,
+    AfterValidator(_check_event_time),
 ]
 UtcTime = Annotated[
     StrictStr,
@@ -254,11 +317,35 @@ class ScoreRecord(_Message):
         default=None,
         description="the classifier's decision; when present it wins over the threshold (both ways); "
                     "when absent the decision is score >= threshold of the classifier")
-    event_time: WireTime | None = Field(
-        default=None,
-        description="when the decision was made: RFC 3339 with offset or epoch milliseconds; "
-                    "default: the Kafka record timestamp", examples=["2024-06-10T08:13:20Z", 1718007200000])
+    event_time: EventTime | None = Field(
+        default=None, validate_default=True,
+        description="when the decision was made: RFC 3339 with offset, or a non-negative epoch number: "
+                    "seconds below 1e11, else milliseconds; default: the Kafka record timestamp. "
+                    "It must lie in the window the service accepts (see event_time_window)",
+        examples=["2024-06-10T08:13:20Z", 1718007200000, 1718007200])
     context: Context = None
+
+    @field_validator("event_time")
+    @classmethod
+    def _in_window(cls, v: Any, info: ValidationInfo) -> Any:
+        """With a validation context ``{"event_time_window": (min_ms, max_ms), "timestamp_ms": ts}``
+        (as `schemas.parse.parse_scores` takes them), the event time (`event_time`, else the
+        record timestamp `ts`) must lie in the window: the service's rule, see `event_time_window`."""
+        ctx = info.context or {}
+        window = ctx.get("event_time_window")
+        if window is None:
+            return v
+        ms = ctx.get("timestamp_ms") if v is None else event_time_to_ms(v)
+        if ms is None:
+            return v
+        lo, hi = window
+        if ms > hi:
+            raise PydanticCustomError("event_time_in_future", "the event time {ms} ms is after {hi} ms",
+                                      {"ms": ms, "hi": hi})
+        if ms < lo:
+            raise PydanticCustomError("event_time_too_late", "the event time {ms} ms is before {lo} ms",
+                                      {"ms": ms, "lo": lo})
+        return v
 
     def is_positive(self, threshold: float) -> bool:
         """The resolved decision: `predicted_positive` if given, else ``score >= threshold``."""
@@ -266,7 +353,7 @@ class ScoreRecord(_Message):
 
     def event_time_ms(self, default_ms: int) -> int:
         """`event_time` in epoch ms, `default_ms` (the Kafka timestamp) if absent."""
-        return default_ms if self.event_time is None else time_to_ms(self.event_time)  # type: ignore[return-value]
+        return default_ms if self.event_time is None else event_time_to_ms(self.event_time)  # type: ignore[return-value]
 
 
 class LabelRequest(_Message):

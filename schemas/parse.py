@@ -11,6 +11,11 @@ A record that orjson cannot parse is parsed again by the standard library
 ``"score": NaN`` is reported as ``not_finite:score`` rather than as a generic
 ``invalid_json``; it is rejected either way.
 
+`parse_scores` also applies the service's event-time window when its caller
+passes one (`event_time_window`, computed per batch from the wall clock): an
+event time after the window is ``event_time_in_future``, before it
+``event_time_too_late``.
+
 `label_request_bytes` and `dead_letter_record` serialize the outbound
 messages with orjson.
 """
@@ -40,8 +45,11 @@ from .messages import (
     MAX_LABELER_ID_CHARS,
     MAX_RECORD_BYTES,
     MAX_REQUEST_ID_CHARS,
+    EPOCH_MS_FROM,
     MAX_EPOCH_MS,
     MIN_EPOCH_MS,
+    event_time_to_ms,
+    event_time_window,
     format_time,
     time_to_ms,
     to_epoch_ms,
@@ -53,6 +61,7 @@ __all__ = [
     "Reject",
     "ScoreBatch",
     "dead_letter_record",
+    "event_time_window",
     "label_request_bytes",
     "parse_labels",
     "parse_scores",
@@ -62,6 +71,8 @@ __all__ = [
 DEFAULT_THRESHOLD = 0.5
 
 _MISSING = object()
+#: a window that accepts every valid event time (`parse_scores` without a window)
+_ANY_TIME = (-(2**63), 2**63 - 1)
 _SCORE_REQUIRED = itemgetter("classifier_id", "item_id", "score")
 _LABEL_REQUIRED = itemgetter("request_id", "label")
 
@@ -168,6 +179,44 @@ def _bad_time(x: Any, field: str) -> str:
     return f"{field}: expected an RFC 3339 string or epoch milliseconds, got {_jtype(x)}"
 
 
+def _show_ms(ms: int) -> str:
+    """An epoch-ms time for a message: RFC 3339 when in years 1-9999, else the number."""
+    return format_time(ms) if MIN_EPOCH_MS <= ms <= MAX_EPOCH_MS else f"{ms} ms since the epoch"
+
+
+def _event_time(r: dict, ts: int) -> int | tuple[str, str]:
+    """The record's event time in epoch ms (the record timestamp `ts` when absent or null),
+    or the ``bad_event_time`` reject."""
+    value = r.get("event_time")
+    if value is None:
+        return ts
+    ms = event_time_to_ms(value)
+    if ms is not None:
+        return ms
+    t = type(value)
+    if t is str:
+        return "bad_event_time", _bad_time(value, "event_time")
+    if t in (int, float):
+        return ("bad_event_time", f"event_time: {_show(value)} is negative, not finite or after year 9999 "
+                "(a number below 1e11 is epoch seconds, else epoch milliseconds)")
+    return "bad_event_time", f"event_time: expected an RFC 3339 string or an epoch number, got {_jtype(value)}"
+
+
+def _outside_window(r: dict, ms: int, window: tuple[int, int]) -> tuple[str, str] | None:
+    """The ``event_time_in_future`` / ``event_time_too_late`` reject of an event time outside
+    `window`, else None."""
+    lo, hi = window
+    if lo <= ms <= hi:
+        return None
+    what = (f"event_time: {_show_ms(ms)}" if r.get("event_time") is not None
+            else f"event_time: absent; the record timestamp {_show_ms(ms)}")
+    if ms > hi:
+        return ("event_time_in_future", f"{what} is after {_show_ms(hi)}, the service clock plus "
+                "STRATAMETER_MAX_EVENT_TIME_SKEW_SECONDS")
+    return ("event_time_too_late", f"{what} is before {_show_ms(lo)}: its chunk has closed "
+            "(STRATAMETER_ALLOWED_LATENESS_SECONDS after its end)")
+
+
 # --------------------------------------------------------------------------- scores
 
 
@@ -202,11 +251,13 @@ def _optional_time(r: dict, field: str, default_ms: int) -> int | tuple[str, str
     return ms
 
 
-def _score_row(r: Any, ts: int, threshold: Callable[[str], float]) -> tuple | tuple[str, str]:
+def _score_row(r: Any, ts: int, threshold: Callable[[str], float], window: tuple[int, int] = _ANY_TIME
+               ) -> tuple | tuple[str, str]:
     """The full rule set for one parsed score record.
 
     Returns ``(reason, detail)`` for a reject, else the 6-tuple row
     ``(classifier_id, item_id, score, predicted_positive, event_time_ms, context_bytes)``.
+    The event-time window is checked last: a record outside it is otherwise valid.
     This is the reference; the loop in `parse_scores` only inlines its common case.
     """
     if type(r) is not dict:
@@ -239,7 +290,7 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float]) -> tuple | tu
         pp = s >= threshold(cid)
     elif type(pp) is not bool:
         return "wrong_type:predicted_positive", f"predicted_positive: expected a boolean, got {_jtype(pp)}"
-    et = _optional_time(r, "event_time", ts)
+    et = _event_time(r, ts)
     if type(et) is tuple:
         return et
     ctx = r.get("context")
@@ -252,6 +303,9 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float]) -> tuple | tu
             return "context_too_large", f"context: cannot be serialized ({exc})"
         if len(ctx) > MAX_CONTEXT_BYTES:
             return "context_too_large", f"context: {len(ctx)} bytes serialized, more than {MAX_CONTEXT_BYTES}"
+    outside = _outside_window(r, et, window)
+    if outside:
+        return outside
     return cid, item, s, pp, et, ctx
 
 
@@ -279,6 +333,7 @@ def parse_scores(
     timestamps_ms: Sequence[int],
     threshold_for: Callable[[str], float] | Mapping[str, float] | float = DEFAULT_THRESHOLD,
     max_bytes: int = MAX_RECORD_BYTES,
+    window: tuple[int, int] | None = None,
 ) -> tuple[ScoreBatch, list[Reject]]:
     """Parse a batch of ``stratameter.scores`` values (see `schemas.messages.ScoreRecord`).
 
@@ -287,6 +342,10 @@ def parse_scores(
     has no ``predicted_positive``: a callable ``classifier_id -> threshold``
     (called once per classifier per batch), a mapping (classifiers not in it
     use `DEFAULT_THRESHOLD`), or one number for all.
+    `window` is ``(min_ms, max_ms)``, the event times accepted (both ends
+    included; the service computes it per batch with `event_time_window`): a
+    later event time is rejected as ``event_time_in_future``, an earlier one as
+    ``event_time_too_late``.  None accepts every valid time (tests, tools).
 
     Returns the accepted records as a `ScoreBatch` (in input order) and the
     others as `Reject` records (in input order); together they cover every input
@@ -295,6 +354,8 @@ def parse_scores(
     n = len(values)
     if len(timestamps_ms) != n:
         raise ValueError(f"{n} values but {len(timestamps_ms)} timestamps")
+    window = _ANY_TIME if window is None else (int(window[0]), int(window[1]))
+    wlo, whi = window
     resolve = _threshold_resolver(threshold_for)
     thresholds: dict[str, float] = {}   # valid classifier ids seen in this batch -> threshold
 
@@ -317,7 +378,8 @@ def parse_scores(
     required = _SCORE_REQUIRED
     known = thresholds.get
     valid_id = CLASSIFIER_ID_RE.fullmatch
-    lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
+    lo, hi = EPOCH_MS_FROM, MAX_EPOCH_MS  # an int event_time in here is epoch ms as it is
+    to_ms = event_time_to_ms
     for i, v, ts in zip(range(n), values, timestamps_ms):
         if not v or len(v) > max_bytes:
             note(i)
@@ -333,7 +395,7 @@ def parse_scores(
             thr = threshold(cid)
         if (thr is not None and type(item) is str and 0 < len(item) <= MAX_ITEM_ID_CHARS
                 and (type(s) is float and s - s == 0.0 or type(s) is int)):
-            if len(r) == 3:  # no optional fields
+            if len(r) == 3 and wlo <= ts <= whi:  # no optional fields
                 ext((cid, item, s, s >= thr, ts, None))
                 continue
             pp = r.get("predicted_positive")
@@ -343,21 +405,21 @@ def parse_scores(
             if et is None:
                 et = ts
             elif type(et) is not int or not lo <= et <= hi:
-                et = time_to_ms(et)
+                et = to_ms(et)
             ctx = r.get("context")
             if type(ctx) is dict:
                 try:
                     ctx = dumps(ctx)
                 except orjson.JSONEncodeError:
                     ctx = 0
-            if (type(pp) is bool and et is not None
+            if (type(pp) is bool and et is not None and wlo <= et <= whi
                     and (ctx is None or type(ctx) is bytes and len(ctx) <= MAX_CONTEXT_BYTES)):
                 ext((cid, item, s, pp, et, ctx))
                 continue
         note(i)
 
     index, flat, rejects = _settle(n, bad, flat, 6, values, max_bytes,
-                                   lambda r, i: _score_row(r, timestamps_ms[i], threshold))
+                                   lambda r, i: _score_row(r, timestamps_ms[i], threshold, window))
     batch = ScoreBatch(
         index=index,
         classifier_id=flat[0::6],

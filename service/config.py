@@ -38,7 +38,12 @@ Stats   DELTA (0.02, in (0, 0.5)), CONFIDENCE (0.95, in (0.5, 1)), STRATA (4, 1.
         pps | uni | random), THRESHOLD (0.5, finite), SCORE_KIND (auto | probability | logit),
         CHUNK_SECONDS (3600, >= 1), MAX_LABELS_PER_HOUR (500 per classifier, >= 1),
         LABEL_TIMEOUT_SECONDS (86400, > 0), ROUND_LABELS_PER_STRATUM (2), STOP_ROUNDS (2),
-        RESERVOIR_SIZE (256 per stratum, 8..100000)
+        RESERVOIR_SIZE (256 per stratum, 8..100000), CHUNK_RETENTION (24), HISTORY_CHUNKS (168)
+Events  MAX_EVENT_TIME_SKEW_SECONDS (300, >= 0): a score whose event time is further ahead of
+        the service's clock is dead-lettered (event_time_in_future);
+        ALLOWED_LATENESS_SECONDS (300, >= 0, at most HISTORY_CHUNKS x CHUNK_SECONDS; left unset,
+        it is 300 or that product if smaller): a chunk closes this long after its end, and a
+        score for a closed chunk is dead-lettered (event_time_too_late)
 Process BATCH_MAX_RECORDS (5000), DEAD_LETTER_MAX_PER_SECOND (1000), LOG_LEVEL (INFO),
         INSTANCE_ID (hostname-pid), CLASSIFIERS_CONFIG_FILE
 """
@@ -66,6 +71,7 @@ from schemas.messages import (
     TOPIC_LABEL_REQUESTS,
     TOPIC_LABELS,
     TOPIC_SCORES,
+    event_time_window,
 )
 
 from .stats.allocation import ALLOCATIONS
@@ -236,6 +242,8 @@ _RULES: dict[str, Callable[[Any], Any]] = {
     "reservoir_size": _closed(8, 100_000),
     "chunk_retention": _closed(1),
     "history_chunks": _closed(1),
+    "max_event_time_skew_seconds": _closed(0),
+    "allowed_lateness_seconds": _closed(0),
     "request_retention_seconds": _positive,
     "batch_max_records": _closed(1),
     "dead_letter_max_per_second": _positive,
@@ -308,6 +316,8 @@ class ClassifierConfig(BaseModel):
     chunk_retention: int = 24
     history_chunks: int = 168
     request_retention_seconds: float = 7 * 86400.0
+    max_event_time_skew_seconds: int = 300
+    allowed_lateness_seconds: int = 300
 
     @field_validator("*")
     @classmethod
@@ -452,6 +462,8 @@ class Settings(BaseSettings):
     chunk_retention: int = _default("chunk_retention")
     history_chunks: int = _default("history_chunks")
     request_retention_seconds: float = _default("request_retention_seconds")
+    max_event_time_skew_seconds: int = _default("max_event_time_skew_seconds")
+    allowed_lateness_seconds: int = _default("allowed_lateness_seconds")
     # process
     batch_max_records: int = 5000
     dead_letter_max_per_second: float = 1000.0
@@ -506,6 +518,15 @@ class Settings(BaseSettings):
             if topic in seen:
                 errors.append((env_var(name), f"{topic!r} is also {env_var(seen[topic])}; the topics must differ"))
             seen.setdefault(topic, name)
+        held = self.history_chunks * self.chunk_seconds  # seconds of event time still held
+        if self.allowed_lateness_seconds > held:
+            if "allowed_lateness_seconds" in self.model_fields_set:
+                errors.append((env_var("allowed_lateness_seconds"),
+                               f"must be at most {env_var('history_chunks')} x {env_var('chunk_seconds')} = "
+                               f"{self.history_chunks} x {self.chunk_seconds} = {held} (a chunk must close while "
+                               f"it is still held), got {self.allowed_lateness_seconds}"))
+            else:  # the default never outlasts the history (short chunks in tests and demos)
+                self.__dict__["allowed_lateness_seconds"] = held
         if errors:
             raise ConfigError(errors)
         self._defaults = ClassifierConfig(**{k: getattr(self, k) for k in _PER_CLASSIFIER})
@@ -530,6 +551,12 @@ class Settings(BaseSettings):
                 self._cache.clear()
             self._cache[cid] = cfg
         return cfg
+
+    def event_time_window(self, now_ms: int) -> tuple[int, int]:
+        """The event times (epoch ms, both ends included) a score is accepted with at wall-clock
+        `now_ms`: the `window` of `schemas.parse.parse_scores` (see `schemas.messages.event_time_window`)."""
+        return event_time_window(now_ms, self.chunk_seconds, self.max_event_time_skew_seconds,
+                                 self.allowed_lateness_seconds)
 
     def threshold_for(self, cid: str) -> float:
         """The decision threshold of `cid` (the `threshold_for` of `schemas.parse.parse_scores`)."""

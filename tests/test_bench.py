@@ -5,6 +5,7 @@ exact same bottom-k sample."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -54,6 +55,13 @@ def test_score_values_are_valid_score_records():
     which, values = score_values(2000, 4, seed=1)
     batch, rejects = parse_scores(values, [0] * len(values), 0.5)
     assert not rejects and len(batch) == 2000
+    # every event time is one the service accepts (none in the future, none for a closed chunk),
+    # also a second into an hour, when the bench starts right after a chunk boundary
+    for now in (int(time.time() * 1000), 1_800_000_000_000 - 1_800_000_000_000 % 3_600_000 + 1_000):
+        window = load_settings({}).event_time_window(now)
+        _, values = score_values(2000, 4, seed=1, now_ms=now)
+        batch, rejects = parse_scores(values, [now] * len(values), 0.5, window=window)
+        assert not rejects and len(batch) == 2000 and batch.event_time_ms.max() <= now
     assert set(batch.classifier_id) == {f"bench-clf-{i:02d}" for i in range(4)}
     assert all(b"predicted_positive" not in v for v in values)
     assert 0.3 < batch.predicted_positive.mean() < 0.5

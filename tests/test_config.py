@@ -52,6 +52,9 @@ def test_defaults():
     assert (s.threshold, s.score_kind, s.chunk_seconds) == (0.5, "auto", 3600)
     assert (s.max_labels_per_hour, s.label_timeout_seconds) == (500, 86400)
     assert (s.round_labels_per_stratum, s.stop_rounds, s.reservoir_size) == (2, 2, 1024)
+    assert (s.chunk_retention, s.history_chunks) == (24, 168)
+    assert (s.max_event_time_skew_seconds, s.allowed_lateness_seconds) == (300, 300)
+    assert (s.defaults().max_event_time_skew_seconds, s.defaults().allowed_lateness_seconds) == (300, 300)
     assert (s.batch_max_records, s.dead_letter_max_per_second, s.log_level) == (5000, 1000, "INFO")
     assert s.classifiers_config_file is None
     host = socket.gethostname()
@@ -146,6 +149,11 @@ def test_error_message_format():
     ("reservoir_size", "7", "must be in 8..100000, got 7"),
     ("reservoir_size", "100001", "must be in 8..100000"),
     ("batch_max_records", "0", "must be >= 1"),
+    ("max_event_time_skew_seconds", "-1", "must be >= 0, got -1"),
+    ("max_event_time_skew_seconds", "2.5", "must be an integer"),
+    ("allowed_lateness_seconds", "-1", "must be >= 0, got -1"),
+    ("allowed_lateness_seconds", "soon", "must be an integer"),
+    ("allowed_lateness_seconds", "604801", "must be at most STRATAMETER_HISTORY_CHUNKS x STRATAMETER_CHUNK_SECONDS"),
     ("dead_letter_max_per_second", "0", "> 0"),
     ("http_port", "0", "must be in 1..65535, got 0"),
     ("http_port", "70000", "must be in 1..65535"),
@@ -194,6 +202,32 @@ def test_cross_field_rules():
     assert "required when STRATAMETER_KAFKA_SECURITY_PROTOCOL is SASL_SSL" in str(err)
     err = error_of(env(topic_labels="stratameter.scores"))
     assert str(err).startswith(P + "TOPIC_LABELS: 'stratameter.scores' is also STRATAMETER_TOPIC_SCORES")
+
+
+def test_allowed_lateness_is_bounded_by_the_history():
+    """A chunk must close while it is still held: lateness <= HISTORY_CHUNKS x CHUNK_SECONDS."""
+    s = load_settings(env(chunk_seconds="10", history_chunks="6", allowed_lateness_seconds="60",
+                          max_event_time_skew_seconds="0"))
+    assert (s.allowed_lateness_seconds, s.max_event_time_skew_seconds) == (60, 0)
+    assert s.for_classifier("x").allowed_lateness_seconds == 60
+    err = error_of(env(chunk_seconds="10", history_chunks="6", allowed_lateness_seconds="61"))
+    assert err.errors == [(P + "ALLOWED_LATENESS_SECONDS",
+                           "must be at most STRATAMETER_HISTORY_CHUNKS x STRATAMETER_CHUNK_SECONDS = 6 x 10 = 60 "
+                           "(a chunk must close while it is still held), got 61")]
+    # left unset, the default (300) shrinks to the history instead of failing (short chunks)
+    s = load_settings(env(chunk_seconds="1"))
+    assert s.allowed_lateness_seconds == 168 and s.defaults().allowed_lateness_seconds == 168
+    assert load_settings(env(allowed_lateness_seconds="0")).allowed_lateness_seconds == 0
+
+
+def test_event_time_window_from_the_settings():
+    s = load_settings(env(chunk_seconds="60", max_event_time_skew_seconds="30", allowed_lateness_seconds="90"))
+    now = 1_800_000_125_000  # 5 s into the chunk [1_800_000_120_000, +60 s)
+    # chunks that ended 90 s ago or earlier are closed: the oldest open one starts at floor((now - 90 s) / 60 s)
+    assert s.event_time_window(now) == (1_800_000_000_000, now + 30_000)
+    # the chunk [1_800_000_000_000, +60 s) closes 90 s after its end, at 1_800_000_150_000
+    assert s.event_time_window(1_800_000_149_999)[0] == 1_800_000_000_000
+    assert s.event_time_window(1_800_000_150_000) == (1_800_000_060_000, 1_800_000_180_000)
 
 
 def test_sasl_and_ssl(tmp_path):

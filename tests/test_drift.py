@@ -3,6 +3,8 @@ moves that chunk's strata boundaries, against a real Redis."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from redis.asyncio import Redis
@@ -32,12 +34,19 @@ async def test_shifted_scores_at_a_chunk_boundary_move_the_boundaries(redis_url,
     store = Store(redis, unique_name("drift"))
     ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
     rng = np.random.default_rng(7)
-    t0 = 1_800_000_000_000 - 1_800_000_000_000 % 60_000
+    # Chunk A is the previous minute, chunk B the current one: both are event times the service
+    # accepts now (A closes ALLOWED_LATENESS_SECONDS, here the default 300 s, after its end), none
+    # in the future.
+    now = int(time.time() * 1000)
+    t0 = now - now % 60_000 - 60_000
+    event_a, event_b = t0 + 5_000, t0 + 60_000
+    lo, hi = settings.event_time_window(now)
+    assert lo <= event_a < event_b <= now <= hi
     n = 2000
     before = rng.uniform(0.50, 0.70, n)  # chunk A
     after = rng.uniform(0.80, 1.00, n)  # chunk B: the classifier became more confident
     scores = np.concatenate([before, after])
-    event = np.concatenate([np.full(n, t0 + 5_000), np.full(n, t0 + 65_000)])
+    event = np.concatenate([np.full(n, event_a), np.full(n, event_b)])
     items = [f"i{i}" for i in range(2 * n)]
     # two partition batches, each spanning both chunks, to exercise chunk opening mid-stream
     for part, sl in ((0, slice(0, 2 * n, 2)), (1, slice(1, 2 * n, 2))):

@@ -45,7 +45,8 @@ def bad_score(rng: random.Random, i: int) -> bytes | None:
     elif kind == 8:
         base["predicted_positive"] = rng.choice(["true", 1, 0, "yes"])
     elif kind == 9:
-        base["event_time"] = rng.choice(["yesterday", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00", True])
+        base["event_time"] = rng.choice(["yesterday", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00", True, -5,
+                                         "2999-01-01T00:00:00Z", 0])  # negative, in the future, 1970: too late
     elif kind == 10:
         base["context"] = rng.choice([[1, 2], "ctx", 5, {"blob": "x" * 9000}])
     elif kind == 11:

@@ -158,6 +158,9 @@ BIG_CONTEXT = {"blob": "x" * MAX_CONTEXT_BYTES}
     (enc(event_time=[TS]), "bad_event_time"),
     (enc(event_time=1e20), "bad_event_time"),
     (enc(event_time=-10**15), "bad_event_time"),
+    (enc(event_time=-1), "bad_event_time"),                         # negative: neither seconds nor ms
+    (enc(event_time=-0.5), "bad_event_time"),
+    (enc(event_time=253_402_300_800_000), "bad_event_time"),        # after year 9999
     (b'{"classifier_id":"a","item_id":"b","score":1,"event_time":NaN}', "bad_event_time"),
     (b'{"classifier_id":"a","item_id":"b","score":1,"event_time":1e999}', "bad_event_time"),
     # the value itself
@@ -265,8 +268,13 @@ def test_threshold_per_classifier():
 @pytest.mark.parametrize("event_time, ms", [
     (1_718_007_200_000, 1_718_007_200_000),                       # epoch ms int
     (1_718_007_200_000.9, 1_718_007_200_000),                     # epoch ms float, floored
-    (0, 0),
-    (-1, -1),
+    (1_718_007_200, 1_718_007_200_000),                           # below 1e11: epoch seconds
+    (1_718_007_200.5, 1_718_007_200_500),
+    (1_718_007_200.123, 1_718_007_200_123),                       # not ...122 (binary error of x * 1000)
+    (99_999_999_999, 99_999_999_999_000),                         # the largest seconds: year 5138
+    (100_000_000_000, 100_000_000_000),                           # the smallest ms: 1973-03-03
+    (0, 0),                                                       # 0 s = 0 ms (a window rejects it)
+    (253_402_300_799_999, 253_402_300_799_999),
     ("2024-06-10T08:13:20Z", 1_718_007_200_000),
     ("2024-06-10T08:13:20.5Z", 1_718_007_200_500),
     ("2024-06-10T08:13:20.123456789Z", 1_718_007_200_123),
@@ -388,7 +396,14 @@ _times = st.one_of(
     st.datetimes().map(lambda d: d.isoformat()),
     st.sampled_from(["2024-06-10T08:13:20Z", "2024-06-10t08:13:20.1z", "2016-12-31T23:59:60Z", "soon",
                      "2024-06-10T08:13:20+01:60"]),
-    st.booleans(), st.none())
+    st.booleans(), st.none(),
+    # near TS, in ms and in seconds, and around the seconds/ms boundary: where the window cuts
+    st.integers(TS - 10**8, TS + 10**8), st.integers(TS // 1000 - 10**5, TS // 1000 + 10**5),
+    st.floats(TS / 1000 - 10**5, TS / 1000 + 10**5), st.integers(10**11 - 3, 10**11 + 3))
+#: event-time windows (min_ms, max_ms) around TS, or none
+_windows = st.one_of(st.none(), st.tuples(st.integers(TS - 10**8, TS), st.integers(TS, TS + 10**8)),
+                     st.tuples(st.integers(TS - 2 * 10**8, TS - 10**8), st.integers(TS - 10**8, TS)),
+                     st.sampled_from([(TS, TS), (TS + 1, TS + 10**8), (TS - 10**8, TS - 1), (0, 2**62)]))
 _json_leaf = st.one_of(st.none(), st.booleans(), _numbers, st.text(max_size=20))
 _json = st.recursive(_json_leaf, lambda c: st.one_of(st.lists(c, max_size=4),
                                                      st.dictionaries(st.text(max_size=8), c, max_size=4)),
@@ -420,19 +435,22 @@ def score_records(draw) -> dict:
     return rec(**fields)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(score_records(), st.floats(-10, 10))
-def test_parse_scores_agrees_with_the_model(record, threshold):
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(score_records(), st.floats(-10, 10), _windows)
+def test_parse_scores_agrees_with_the_model(record, threshold, window):
     raw = orjson.dumps(record)
-    batch, rejects = parse_scores([raw], [TS], threshold)
+    batch, rejects = parse_scores([raw], [TS], threshold, window=window)
     try:
-        model = ScoreRecord.model_validate_json(raw)
+        model = ScoreRecord.model_validate_json(raw, context={"event_time_window": window, "timestamp_ms": TS})
     except ValidationError as exc:
         assert len(batch) == 0, (record, exc)
         field = rejects[0].reason.partition(":")[2] or {
             "bad_classifier_id": "classifier_id", "bad_item_id": "item_id", "bad_event_time": "event_time",
+            "event_time_in_future": "event_time", "event_time_too_late": "event_time",
             "context_too_large": "context"}[rejects[0].reason]
         assert field in {str(e["loc"][0]) for e in exc.errors()}
+        if rejects[0].reason.startswith("event_time_"):  # the window is checked last: nothing else is wrong
+            assert [e["type"] for e in exc.errors()] == [rejects[0].reason]
         return
     assert rejects == [], (record, rejects)
     assert batch.classifier_id == [model.classifier_id] and batch.item_id == [model.item_id]

@@ -229,12 +229,15 @@ class Service:
                 continue
             backoff = 0.1
             work = [(tp, records) for tp, records in batches.items() if records]
+            # The event times accepted, from the wall clock once per poll (and kept when the poll is
+            # redone after a Redis failure, so a retry judges each record as the first try did).
+            window = self.settings.event_time_window(int(time.time() * 1000))
             # Two-stage pipeline: parse and aggregate this poll (CPU) while the previous poll's
             # Redis calls are in flight; apply this poll only once the previous one is applied.
-            staged = [await self._stage(tp, records) for tp, records in work]
+            staged = [await self._stage(tp, records, window) for tp, records in work]
             if inflight is not None:
                 self._queue_commits(await inflight)
-            inflight = asyncio.create_task(self._finish_all(work, staged))
+            inflight = asyncio.create_task(self._finish_all(work, staged, window))
             await self._refresh_lag()
         if inflight is not None:
             self._queue_commits(await inflight)
@@ -285,21 +288,22 @@ class Service:
             self._commit_due.set()
             self.wake.set()
 
-    async def _finish_all(self, work, staged) -> dict:
+    async def _finish_all(self, work, staged, window: tuple[int, int]) -> dict:
         """Apply one poll's partitions concurrently (offset guards are per partition, so one
         partition's Python work overlaps another's Redis round trip); the offsets to commit."""
-        done = await asyncio.gather(*(self._finish_with_retry(tp, records, s) for (tp, records), s in zip(work, staged)))
+        done = await asyncio.gather(*(self._finish_with_retry(tp, records, s, window)
+                                      for (tp, records), s in zip(work, staged)))
         # not done: stopping while Redis was down; that batch replays after a restart
         return {tp: OffsetAndMetadata(records[-1].offset + 1, "") for (tp, records), ok in zip(work, done) if ok}
 
-    async def _finish_with_retry(self, tp: TopicPartition, records, staged) -> bool:
+    async def _finish_with_retry(self, tp: TopicPartition, records, staged, window: tuple[int, int]) -> bool:
         backoff = 0.1
         while True:
             try:
                 if staged is not None:
                     await self._finish(tp, records, staged)
                 else:  # staging failed, or a retry: the whole batch again (idempotent)
-                    await self._finish(tp, records, await self._stage(tp, records, retry=True))
+                    await self._finish(tp, records, await self._stage(tp, records, window, retry=True))
                 self.redis_ok_at = time.time()
                 return True
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
@@ -312,8 +316,10 @@ class Service:
                 except asyncio.TimeoutError:
                     backoff = min(BACKOFF_MAX_S, backoff * 2)
 
-    async def _stage(self, tp: TopicPartition, records, retry: bool = False):
+    async def _stage(self, tp: TopicPartition, records, window: tuple[int, int], retry: bool = False):
         """Parse a partition batch; for scores also aggregate it into INGEST calls.
+        `window`: the event times accepted (`Settings.event_time_window`); a score outside it is
+        dead-lettered (``event_time_in_future`` / ``event_time_too_late``) and creates no chunk.
         None if Redis failed meanwhile (the batch is then redone by `_finish_with_retry`)."""
         values = [r.value for r in records]
         stamps = [r.timestamp for r in records]
@@ -321,7 +327,7 @@ class Service:
         if tp.topic != self.settings.topic_scores:
             batch, rejects = parse_labels(values, stamps)
             return offsets, batch, list(rejects), None
-        batch, rejects = parse_scores(values, stamps, self.settings.threshold_for)
+        batch, rejects = parse_scores(values, stamps, self.settings.threshold_for, window=window)
         prepared = None
         if batch.index.size:
             try:

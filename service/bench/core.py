@@ -5,8 +5,9 @@ One run:
 1. produce ``records`` score records once to a fresh topic with ``partitions``
    partitions (key = classifier_id, a classifier's records in one partition, as
    with Kafka's default partitioner); ``predicted_positive`` omitted (the service
-   applies the 0.5 threshold), ``event_time`` in epoch ms inside one chunk, a small
-   ``context`` object;
+   applies the 0.5 threshold), ``event_time`` in epoch ms inside the current chunk and
+   not after the moment they are generated (so the service accepts every one of them:
+   none in the future, none for a closed chunk), a small ``context`` object;
 2. a bare aiokafka consumer (manually assigned, no group) reads them all without
    decoding: the raw rate;
 3. the same, ``orjson.loads`` on every value: the bare decode rate;
@@ -93,9 +94,11 @@ def score_values(records: int, classifiers: int, seed: int = 0, now_ms: int | No
     """(classifier index per record, JSON values): realistic score records.
 
     Scores: a mixture of a mass near 0 and a mass near 1 (about 40% predicted
-    positive at the 0.5 threshold); event times increasing over the first half of the
-    current hour, so the whole stream falls in one chunk; fixed-width ids and context, so a
-    reservoir member's size does not depend on how far into the stream it was produced.
+    positive at the 0.5 threshold); event times increasing from the start of the current
+    hour to `now_ms`, so the whole stream falls in one chunk and no event time is in the
+    future (the service dead-letters one more than STRATAMETER_MAX_EVENT_TIME_SKEW_SECONDS
+    ahead of its clock); fixed-width ids and context, so a reservoir member's size does not
+    depend on how far into the stream it was produced.
     """
     rng = np.random.default_rng(seed)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -103,7 +106,7 @@ def score_values(records: int, classifiers: int, seed: int = 0, now_ms: int | No
     which = rng.integers(0, classifiers, records)
     pos = rng.random(records) < 0.4
     scores = np.where(pos, rng.beta(8, 2, records) * 0.5 + 0.5, rng.beta(2, 8, records) * 0.5)
-    event = chunk_start + (np.arange(records, dtype=np.int64) * (CHUNK_MS // 2)) // max(records, 1)
+    event = chunk_start + (np.arange(records, dtype=np.int64) * (now_ms - chunk_start)) // max(records, 1)
     sources = ("web", "mobile", "api")
     cids = classifier_ids(classifiers)
     dumps = orjson.dumps
