@@ -149,6 +149,8 @@ class Demo:
             "STRATAMETER_TOPIC_LABELS": ns + "stratameter.labels",
             "STRATAMETER_TOPIC_DEAD_LETTER": ns + "stratameter.dead-letter",
             "STRATAMETER_CHUNK_SECONDS": str(o.chunk_seconds),
+            # the demo's records are stamped now: a chunk closes (final interval) 2 s after its end
+            "STRATAMETER_ALLOWED_LATENESS_SECONDS": "2",
             "STRATAMETER_DELTA": repr(o.delta),
             "STRATAMETER_CONFIDENCE": repr(o.confidence),
             "STRATAMETER_STRATA": str(o.strata),
