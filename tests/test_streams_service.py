@@ -27,9 +27,9 @@ pytestmark = pytest.mark.integration
 
 CHUNK_SECONDS = 30
 LATENESS_SECONDS = 3
-DELTA = 0.08
+DELTA = 0.1
 CONFIDENCE = 0.99
-RATE = 8.0  # records per second per classifier
+RATE = 10.0  # records per second per classifier
 STREAM_SECONDS = 80
 
 

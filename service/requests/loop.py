@@ -67,6 +67,8 @@ class RequestLoop:
         self.rng = rng or np.random.default_rng()
         self.instance = settings.instance_id
         self._purged: dict[str, int] = {}  # classifier -> newest chunk when last purged
+        self._seen: dict[tuple[str, int], tuple] = {}  # (classifier, chunk) -> what the last step looked at
+        self._priors: dict[tuple[str, int], tuple[float, np.ndarray]] = {}  # (classifier, chunk) -> (size, q)
 
     async def republish_outbox(self, cid: str) -> int:
         """Publish requests recorded but not acknowledged by Kafka before a crash."""
@@ -112,29 +114,36 @@ class RequestLoop:
         total = float(cs.N.sum())
         first_s, last_s = cs.first_ms / 1000, cs.last_ms / 1000
         flowing = bool(streams.arrivals_flowing(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds)) and not closed
+        seen = (total, int(cs.n.sum()), pending, flowing, closed, cs.thresholds.tobytes())
+        if self._seen.get((cid, cs.chunk)) == seen and cs.status != "waiting_for_budget":
+            return 0  # nothing the design looks at has changed since the last step
         final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
-        iv = streams.chunk_interval(cs.N, cs.n, cs.h, cfg.confidence, closed)
-        halfwidth = float(iv.halfwidth)
-        streak = cs.streak
-        labels = int(cs.n.sum())
+        halfwidth = float(streams.chunk_interval(cs.N, cs.n, cs.h, cfg.confidence, closed).halfwidth)
+        streak, labels = cs.streak, int(cs.n.sum())
         if pending == 0 and labels > cs.evaluated_round:  # a round completed with new labels: evaluate once
             streak = int(stopping.next_streak(streak, halfwidth, cfg.delta))
             await self.store.evaluate_round(cid, cs.chunk, labels, streak, cs.status)
         converged = bool(np.isfinite(halfwidth) and halfwidth <= cfg.delta and streak >= cfg.stop_rounds)
-        q = self._prior(cs, cfg, await self.store.chunk_histogram(cid, cs.chunk))
-        tau, want = streams.plan_requests(cs.N, cs.n, cs.h, q, cs.thresholds, cs.N * final / total, flowing,
-                                          pending == 0, converged, cfg.delta, cfg.confidence,
-                                          allocation.round_size(cs.strata, cfg.round_labels_per_stratum), self.rng)
+        tau, want = streams.plan_requests(cs.N, cs.n, cs.h, await self._prior(cid, cs, cfg), cs.thresholds,
+                                          cs.N * final / total, flowing, pending == 0, converged, cfg.delta,
+                                          cfg.confidence, allocation.round_size(cs.strata, cfg.round_labels_per_stratum),
+                                          self.rng)
         due, tau, left = await self._due(cid, cs, cfg, tau, want)
         budget = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600))
                      - await self.store.issued_this_hour(cid, now) - issued_before)
         status = str(streams.chunk_status(streak, halfwidth, cfg.delta, cfg.stop_rounds, closed,
                                           left == 0 and pending == 0 and not due, len(due) > budget))
+        self._seen[(cid, cs.chunk)] = seen
         requests = [(new_request_id(cid), k, orjson.loads(raw), raw) for k, raw in due[:budget]]
         if not requests:
             if status != cs.status:
                 await self.store.set_status(cid, cs.chunk, status)
             return 0
+        return await self._request(cid, cs, cfg, now, requests, tau, status)
+
+    async def _request(self, cid: str, cs: ChunkState, cfg, now: int, requests: list, tau: np.ndarray,
+                       status: str) -> int:
+        """Record the requests and the thresholds they were drawn under (outbox), publish, mark."""
         deadline = now + int(cfg.label_timeout_seconds * 1000)
         issued = await self.store.issue(cid, cs.chunk, now, deadline, cs.round + 1, self.instance,
                                         [[rid, k, m["i"], m["s"], raw] for rid, k, m, raw in requests], {},
@@ -149,40 +158,46 @@ class RequestLoop:
         await self.store.mark_published(cid, issued)
         return len(issued)
 
-    def _prior(self, cs: ChunkState, cfg, hist_sparse: dict[int, int]) -> np.ndarray:
-        """Mean calibrated score per stratum (the allocation's prior), 1/2 where unknown."""
+    async def _prior(self, cid: str, cs: ChunkState, cfg) -> np.ndarray:
+        """Mean calibrated score per stratum (the allocation's prior), 1/2 where unknown;
+        re-read from the chunk's histogram when the chunk has grown by a tenth."""
+        key = (cid, cs.chunk)
+        total = float(cs.N.sum())
+        cached = self._priors.get(key)
+        if cached is not None and total <= 1.1 * cached[0] and cached[1].size == cs.strata:
+            return cached[1]
+        hist_sparse = await self.store.chunk_histogram(cid, cs.chunk)
+        q = np.full(cs.strata, 0.5)
         if hist_sparse and np.isfinite(cs.min) and np.isfinite(cs.max):
             hist = ScoreHistogram.from_sparse(hist_sparse, cs.min, cs.max)
-            return stratum_mean_probability(hist, cs.cuts, cfg.score_kind)
-        return np.full(cs.strata, 0.5)
+            q = stratum_mean_probability(hist, cs.cuts, cfg.score_kind)
+        self._priors[key] = (total, q)
+        return q
 
     async def _due(self, cid: str, cs: ChunkState, cfg, tau: np.ndarray, want: np.ndarray
                    ) -> tuple[list[tuple[int, str]], np.ndarray, int]:
         """Unrequested reservoir items at or below each stratum's threshold, after
-        raising the thresholds of the strata a round wants more labels from.
+        raising the thresholds of the strata a round wants `want` more labels from.
 
         Returns the due items as (stratum, member), the most urgent first
         (lowest priority relative to its threshold), the thresholds, and the
-        number of unrequested items left above them.  A full reservoir keeps
-        nothing above its largest priority, so no threshold is raised past it
-        (the design's cap on labels per stratum and chunk)."""
+        number of items left above them.  Items above a threshold were never
+        requested (requests only ever go to items at or below it).  A full
+        reservoir keeps nothing above its largest priority, so no threshold
+        rises past it (the design's cap on labels per stratum and chunk)."""
         tau = np.array(tau, dtype=float)
-        reservoirs = await self.store.reservoirs(cid, cs.chunk, cs.strata)
-        items = [(k, raw, p) for k, res in enumerate(reservoirs) for raw, p in res]
-        taken = await self.store.sampled(cid, cs.chunk, [orjson.loads(raw)["i"] for _, raw, _ in items])
-        free: dict[int, list[tuple[float, str]]] = {k: [] for k in range(cs.strata)}
-        for (k, raw, p), t in zip(items, taken):
-            if not t:
-                free[k].append((p, raw))
-        due, left = [], 0
-        for k, res in enumerate(reservoirs):
-            above = [p for p, _ in free[k] if p > tau[k]]
-            raised = streams.threshold_after(tau[k], above, int(want[k]))
-            if len(res) >= cfg.reservoir_size:
-                raised = min(raised, res[-1][1])
+        windows = await self.store.reservoir_windows(cid, cs.chunk, tau, want)
+        below = [(k, raw, p) for k, w in enumerate(windows) for raw, p in w.below]
+        taken = await self.store.sampled(cid, cs.chunk, [orjson.loads(raw)["i"] for _, raw, _ in below])
+        due = [(p / max(tau[k], 1e-300), k, raw) for (k, raw, p), t in zip(below, taken) if not t]
+        left = 0
+        for k, w in enumerate(windows):
+            raised = streams.threshold_after(tau[k], [p for _, p in w.above], int(want[k]))
+            if w.size >= cfg.reservoir_size:
+                raised = min(raised, w.largest)
             tau[k] = max(cs.thresholds[k], raised)
-            due += [(p / max(tau[k], 1e-300), k, raw) for p, raw in free[k] if p <= tau[k]]
-            left += sum(1 for p, _ in free[k] if p > tau[k])
+            due += [(p / max(tau[k], 1e-300), k, raw) for raw, p in w.above if p <= tau[k]]
+            left += w.above_count - sum(1 for _, p in w.above if p <= tau[k])
         due.sort()
         return [(k, raw) for _, k, raw in due], tau, left
 

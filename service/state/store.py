@@ -36,6 +36,7 @@ class ChunkState:
     tau: np.ndarray | None = None  # per stratum the inclusion threshold (stats.streams), None before any request
     first_ms: int = -1  # wall-clock time of the chunk's first and last arrival
     last_ms: int = -1
+    provisional: bool = False  # one stratum until its items let RESTRATIFY set its K strata: never sample it
 
     @property
     def strata(self) -> int:
@@ -47,6 +48,17 @@ class ChunkState:
         return tau if tau.size == self.strata else np.zeros(self.strata)
 
 
+@dataclass
+class ReservoirWindow:
+    """The part of one stratum's reservoir the request loop needs (see `Store.reservoir_windows`)."""
+
+    below: list[tuple[str, float]]  # (member, priority) at or below the threshold
+    above: list[tuple[str, float]]  # the lowest few above it
+    above_count: int
+    size: int
+    largest: float  # the largest priority kept
+
+
 def _vec(raw: dict, k: int) -> np.ndarray:
     out = np.zeros(k, dtype=np.int64)
     for key, val in raw.items():
@@ -56,6 +68,18 @@ def _vec(raw: dict, k: int) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class ChunkCuts:
+    """A chunk's strata boundaries as stored, with their version (see scripts.RESTRATIFY).
+
+    `provisional`: opened with one stratum (no earlier histogram, opening batch too small);
+    its cuts change once, when it is re-stratified, and `version` then increments."""
+
+    cuts: np.ndarray
+    version: int = 0
+    provisional: bool = False
+
+
 class Store:
     def __init__(self, redis: Redis, prefix: str) -> None:
         self.redis = redis
@@ -63,7 +87,7 @@ class Store:
         self._scripts = {
             name: redis.register_script(getattr(scripts, name))
             for name in ("INGEST", "OPEN_CHUNK", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
-                         "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT")
+                         "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT", "RESTRATIFY")
         }
 
     # ---- ingest -------------------------------------------------------------------------
@@ -81,18 +105,36 @@ class Store:
         vals = await pipe.execute()
         return {p: (np.asarray(orjson.loads(v), dtype=float) if v is not None else None) for p, v in zip(pairs, vals)}
 
-    async def open_chunk(self, cid: str, t: int, cuts: np.ndarray, now_ms: int) -> np.ndarray:
-        stored = await self._scripts["OPEN_CHUNK"](
-            keys=[self.keys.classifier(cid)], args=[str(t), orjson.dumps(cuts.tolist()), now_ms])
-        return np.asarray(orjson.loads(stored), dtype=float)
+    async def chunk_strata(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], ChunkCuts | None]:
+        """Cuts, cuts version and provisional flag of each (cid, chunk); None if not opened."""
+        pipe = self.redis.pipeline(transaction=False)
+        for cid, t in pairs:
+            pipe.hmget(f"{self.keys.chunk(cid, t)}:meta", "cuts", "cuts_version", "provisional")
+        out: dict[tuple[str, int], ChunkCuts | None] = {}
+        for p, (cuts, version, prov) in zip(pairs, await pipe.execute()):
+            out[p] = None if cuts is None else ChunkCuts(
+                np.asarray(orjson.loads(cuts), dtype=float), int(version or 0), prov == b"1")
+        return out
 
-    async def recent_histogram(self, cid: str, before: int) -> ScoreHistogram | None:
-        """The histogram of the latest chunk before `before` (the drift-following sketch)."""
-        stem = self.keys.classifier(cid)
-        prev = await self.redis.zrevrangebyscore(f"{stem}:chunks", f"({before}", "-inf", start=0, num=1)
-        if not prev:
-            return None
-        t = int(prev[0])
+    async def open_chunk(self, cid: str, t: int, cuts: np.ndarray, now_ms: int,
+                         provisional: bool = False) -> ChunkCuts:
+        """Open a chunk with `cuts` (one stratum and the provisional flag if `provisional`)
+        unless it is open already; returns the stored cuts (the first opener's)."""
+        cuts_raw, version, prov = await self._scripts["OPEN_CHUNK"](
+            keys=[self.keys.classifier(cid)],
+            args=[str(t), orjson.dumps(cuts.tolist()), now_ms, "1" if provisional else "0"])
+        return ChunkCuts(np.asarray(orjson.loads(cuts_raw), dtype=float), int(version), prov == b"1")
+
+    async def restratify(self, cid: str, t: int, version: int, cuts: np.ndarray) -> bool:
+        """Give a provisional chunk its final `cuts` (RESTRATIFY) if it is still provisional
+        at `version`; False if it is not (re-stratified by another instance): reload its cuts."""
+        ck = self.keys.chunk(cid, t)
+        keys = [f"{ck}:meta", f"{ck}:N", f"{ck}:pscores"] + [f"{ck}:res:{k}" for k in range(cuts.size + 1)]
+        done, _ = await self._scripts["RESTRATIFY"](keys=keys, args=[version, orjson.dumps(cuts.tolist())])
+        return int(done) == 1
+
+    async def chunk_score_histogram(self, cid: str, t: int) -> ScoreHistogram | None:
+        """The score histogram of chunk `t` (None while it has none)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(f"{self.keys.chunk(cid, t)}:hist")
         pipe.hmget(f"{self.keys.chunk(cid, t)}:meta", "min", "max")
@@ -101,12 +143,22 @@ class Store:
             return None
         return ScoreHistogram.from_sparse({int(k): int(v) for k, v in raw.items()}, float(lo), float(hi))
 
+    async def recent_histogram(self, cid: str, before: int) -> ScoreHistogram | None:
+        """The histogram of the latest chunk before `before` (the drift-following sketch)."""
+        stem = self.keys.classifier(cid)
+        prev = await self.redis.zrevrangebyscore(f"{stem}:chunks", f"({before}", "-inf", start=0, num=1)
+        if not prev:
+            return None
+        return await self.chunk_score_histogram(cid, int(prev[0]))
+
     async def apply_ingest(self, calls: list[tuple[str, int, int, int, bytes]]
-                           ) -> list[tuple[bool, int, list[tuple[int, int, float]]]]:
+                           ) -> list[tuple[bool, int, list[tuple[int, int, float]], list[tuple[int, int]]]]:
         """Run INGEST for (cid, partition, expected_offset, new_offset, payload) in one pipeline.
 
-        Returns (applied, stored_offset, cutoffs) per call; not applied means another
-        writer moved the offset: the caller re-aggregates from `stored_offset`.
+        Returns (applied, stored_offset, cutoffs, refused) per call; not applied means another
+        writer moved the offset or, if `refused` lists (chunk, reason), the cuts guard refused
+        (reason 1: the payload's cuts are stale; 2: the provisional chunk must be
+        re-stratified first): the caller re-aggregates from `stored_offset`.
         `cutoffs`: (chunk, stratum, largest priority kept) of the full reservoirs the
         call touched (a candidate above it can never enter that reservoir).
         """
@@ -116,8 +168,9 @@ class Store:
         for cid, *_ in calls:
             pipe.sadd(self.keys.classifiers, cid)
         res = (await pipe.execute())[: len(calls)]
-        return [(int(r[0]) == 1, int(r[1]),
-                 [(int(r[i]), int(r[i + 1]), float(r[i + 2])) for i in range(2, len(r) - 2, 3)]) for r in res]
+        return [(True, int(r[1]), [(int(r[i]), int(r[i + 1]), float(r[i + 2])) for i in range(2, len(r) - 2, 3)], [])
+                if int(r[0]) == 1 else
+                (False, int(r[1]), [], [(int(r[i]), int(r[i + 1])) for i in range(2, len(r) - 1, 2)]) for r in res]
 
     async def count_invalid(self, topic: str, partition: int, expected: int, new: int,
                             counts: dict[str, int]) -> tuple[bool, int]:
@@ -202,6 +255,29 @@ class Store:
             pipe.zrange(f"{self.keys.chunk(cid, t)}:res:{k}", 0, -1, withscores=True)
         return [[(m.decode(), float(p)) for m, p in res] for res in await pipe.execute()]
 
+    async def reservoir_windows(self, cid: str, t: int, thresholds, extra) -> list["ReservoirWindow"]:
+        """Per stratum: the reservoir members at or below the threshold, the first
+        `extra[k]` above it (the candidates of a round), how many lie above it,
+        the reservoir's size and its largest priority."""
+        pipe = self.redis.pipeline(transaction=False)
+        for k, tau in enumerate(thresholds):
+            key = f"{self.keys.chunk(cid, t)}:res:{k}"
+            pipe.zrangebyscore(key, "-inf", repr(float(tau)), withscores=True)
+            pipe.zrangebyscore(key, f"({float(tau)!r}", "+inf", start=0, num=max(int(extra[k]), 0), withscores=True)
+            pipe.zcount(key, f"({float(tau)!r}", "+inf")
+            pipe.zrange(key, -1, -1, withscores=True)
+            pipe.zcard(key)
+        raw = await pipe.execute()
+        out = []
+        for k in range(len(thresholds)):
+            below, above, above_count, last, size = raw[5 * k: 5 * k + 5]
+            if int(extra[k]) <= 0:
+                above = []
+            out.append(ReservoirWindow([(m.decode(), float(p)) for m, p in below],
+                                       [(m.decode(), float(p)) for m, p in above], int(above_count), int(size),
+                                       float(last[0][1]) if last else float("inf")))
+        return out
+
     async def pending_by_chunk(self, cid: str) -> dict[int, int]:
         """Outstanding requests per chunk."""
         stem = self.keys.classifier(cid)
@@ -264,7 +340,8 @@ class Store:
         pipe = self.redis.pipeline(transaction=False)
         for t in old:
             ck = self.keys.chunk(cid, t)
-            pipe.delete(f"{ck}:sampled", f"{ck}:hist", f"{ck}:replace", *(f"{ck}:res:{k}" for k in range(MAX_STRATA)))
+            pipe.delete(f"{ck}:sampled", f"{ck}:hist", f"{ck}:replace", f"{ck}:pscores",
+                        *(f"{ck}:res:{k}" for k in range(MAX_STRATA)))
             if t in drop:
                 pipe.delete(f"{ck}:meta", f"{ck}:N", f"{ck}:n", f"{ck}:h")
                 pipe.zrem(f"{self.keys.classifier(cid)}:chunks", t)
@@ -301,6 +378,7 @@ class Store:
                 float(meta.get("min", "nan")), float(meta.get("max", "nan")),
                 np.asarray(orjson.loads(meta["tau"]), dtype=float) if "tau" in meta else None,
                 int(meta.get("first_ms", -1)), int(meta.get("last_ms", -1)),
+                provisional=meta.get("provisional") == "1",
             ))
         return out
 
