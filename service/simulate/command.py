@@ -1,9 +1,11 @@
-"""`stratameter simulate`: argument handling, progress, table, JSON and plot."""
+"""`stratameter simulate`: argument handling, progress, table, JSON and plot
+(and, with ``--stream``, the stream design of `stream`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 import numpy as np
@@ -12,7 +14,11 @@ from ..stats.allocation import ALLOCATIONS
 from ..stats.strata import STRATIFICATIONS
 from .engine import Protocol
 from .populations import BUILTIN, builtin, load
+from .stream import SCENARIOS, StreamSettings, StreamStudy
 from .study import StudyRequest, as_json, designs_for, run_study, summarise, summarise_budget
+
+STATIC_DELTA = 0.01
+STREAM_DELTA = 0.02  # the service's DELTA
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "unless --threshold is given")
     p.add_argument("--threshold", type=float, help="keep rows with score >= THRESHOLD")
     p.add_argument("--runs", type=int, default=1000)
-    p.add_argument("--delta", type=float, default=0.01, help="target half-width (default 0.01)")
-    p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence (default 0.05)")
+    p.add_argument("--delta", type=float, default=None,
+                   help=f"target half-width (default {STATIC_DELTA}; {STREAM_DELTA} with --stream, the service's DELTA)")
+    p.add_argument("--alpha", type=float, default=None, help="1 - confidence (default 0.05)")
+    p.add_argument("--confidence", type=float, default=None, help="confidence level (default 0.95 = 1 - alpha)")
     p.add_argument("--strata", type=int, default=4)
     p.add_argument("--methods", help=f"comma list of {','.join(ALLOCATIONS)} or 'all' "
                                      "(default: random and the default method)")
@@ -48,6 +56,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.add_argument("--plot", metavar="FILE.png", help="draw error vs labels and coverage (needs matplotlib)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    st = p.add_argument_group(
+        "streams", "--stream replays the population as the arrivals of one chunk and runs the service's stream "
+        "design on it (threshold sampling, paced thresholds, OPT rounds once arrivals stop, the chunk's interval "
+        "with the finite population correction once closed), reporting per scenario labels, the share of chunks "
+        "that reached delta, their InConf, the coverage of every closed chunk against its own precision, and "
+        "the static design's labels for comparison")
+    st.add_argument("--stream", action="store_true", help="simulate a chunk whose population arrives while it is sampled")
+    st.add_argument("--scenario", default=None,
+                    help=f"comma list of {','.join(SCENARIOS)} or 'all' (default: slow): "
+                         + "; ".join(f"{k}: {v.description}" for k, v in SCENARIOS.items()))
+    st.add_argument("--chunk-seconds", type=float, default=None, help="chunk length in seconds (default 3600)")
+    st.add_argument("--rate", type=float, default=None, help="predicted positives per second (default 1)")
+    st.add_argument("--review-delay", default=None, metavar="SECONDS|LO-HI",
+                    help="seconds until a reviewer answers, uniform between LO and HI (default: the scenario's, "
+                         "2-10; late-answers 600-1800)")
+    st.add_argument("--skip-rate", type=float, default=None,
+                    help="share of requests the reviewers skip (no label; default: the scenario's, 0)")
+    st.add_argument("--lateness", type=float, default=None,
+                    help="ALLOWED_LATENESS_SECONDS: a chunk closes this long after its end (default 300)")
+    st.add_argument("--max-labels-per-hour", type=int, default=None,
+                    help="hourly label budget, paced over the clock hour (default: no budget)")
     p.set_defaults(handler=main)
 
 
@@ -65,11 +94,24 @@ def _list(value: str | None, universe, option: str) -> list[str] | None:
     return items
 
 
+STREAM_ONLY = ("scenario", "chunk_seconds", "rate", "review_delay", "skip_rate", "lateness", "max_labels_per_hour")
+
+
 def _check(args) -> None:
     if args.runs < 2:
         raise ValueError("--runs must be >= 2")
+    if args.delta is None:
+        args.delta = STREAM_DELTA if args.stream else STATIC_DELTA
     if not 0 < args.delta < 0.5:
         raise ValueError("--delta must be in (0, 0.5)")
+    if args.alpha is not None and args.confidence is not None:
+        raise ValueError("--alpha and --confidence: give one of them")
+    if args.confidence is not None:
+        if not 0 < args.confidence < 1:
+            raise ValueError("--confidence must be in (0, 1)")
+        args.alpha = 1.0 - args.confidence
+    if args.alpha is None:
+        args.alpha = 0.05
     if not 0 < args.alpha < 1:
         raise ValueError("--alpha must be in (0, 1)")
     if args.strata < 1:
@@ -78,9 +120,55 @@ def _check(args) -> None:
         raise ValueError("--budget must be >= 2")
 
 
+def _check_stream(args) -> None:
+    if not args.stream:
+        given = [name for name in STREAM_ONLY if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --stream")
+        return
+    for option, value in (("--budget", args.budget), ("--methods", args.methods), ("--plot", args.plot),
+                          ("--stratifications", args.stratifications)):
+        if value is not None:
+            raise ValueError(f"{option} does not apply with --stream (the stream design is the default design)")
+    if args.without_replacement:
+        raise ValueError("--without-replacement does not apply with --stream (a chunk is always sampled without "
+                         "replacement)")
+    if args.interval != "wilson":
+        raise ValueError("--interval does not apply with --stream (the service reports the Wilson interval)")
+    if args.chunk_seconds is not None and not args.chunk_seconds >= 1:
+        raise ValueError("--chunk-seconds must be >= 1")
+    if args.rate is not None and not args.rate > 0:
+        raise ValueError("--rate must be > 0")
+    if (args.rate or 1.0) * (args.chunk_seconds or 3600.0) < 1:
+        raise ValueError("--rate x --chunk-seconds must be at least one item per chunk")
+    if args.skip_rate is not None and not 0 <= args.skip_rate < 1:
+        raise ValueError("--skip-rate must be in [0, 1)")
+    if args.lateness is not None and not args.lateness >= 0:
+        raise ValueError("--lateness must be >= 0")
+    if args.max_labels_per_hour is not None and args.max_labels_per_hour < 1:
+        raise ValueError("--max-labels-per-hour must be >= 1")
+    args.review_delay = _delay(args.review_delay)
+    args.scenario = _list(args.scenario, list(SCENARIOS), "--scenario") or ["slow"]
+
+
+def _delay(value: str | None) -> tuple[float, float] | None:
+    """``SECONDS`` or ``LO-HI`` (uniform) as ``(lo, hi)``."""
+    if value is None:
+        return None
+    parts = value.split("-")
+    try:
+        lo, hi = (float(parts[0]), float(parts[0])) if len(parts) == 1 else (float(parts[0]), float(parts[1]))
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or not (0 <= lo <= hi) or not math.isfinite(hi):
+        raise ValueError(f"--review-delay: expected SECONDS or LO-HI with 0 <= LO <= HI, got {value!r}")
+    return lo, hi
+
+
 def main(args) -> int:
     try:
         _check(args)
+        _check_stream(args)
         pop = load(args.population, args.threshold) if args.population else builtin(args.builtin)
         if args.threshold is not None and not args.population:
             keep = pop.scores >= args.threshold
@@ -94,6 +182,8 @@ def main(args) -> int:
     except ValueError as exc:
         print(f"stratameter simulate: error: {exc}", file=sys.stderr)
         return 2
+    if args.stream:
+        return _main_stream(args, pop)
     protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha,
                         with_replacement=not args.without_replacement)
     curve = []
@@ -110,6 +200,69 @@ def main(args) -> int:
     if args.plot:
         _plot(req, results, args.plot)
     return 0
+
+
+def _main_stream(args, pop) -> int:
+    from . import stream
+
+    defaults = StreamSettings()
+    settings = StreamSettings(
+        delta=args.delta, confidence=args.confidence if args.confidence is not None else 1.0 - args.alpha,
+        chunk_seconds=args.chunk_seconds or defaults.chunk_seconds, rate=args.rate or defaults.rate,
+        lateness=defaults.lateness if args.lateness is None else args.lateness,
+        max_labels_per_hour=args.max_labels_per_hour, review_delay=args.review_delay, skip_rate=args.skip_rate,
+        strata=args.strata,
+    )
+    study = StreamStudy(pop, args.scenario, settings, args.runs, args.seed)
+    try:
+        for name in study.scenarios:  # fail fast on what a scenario cannot do with this population
+            if SCENARIOS[name].drift >= pop.truth:
+                raise ValueError(f"--scenario {name}: a precision drop of {SCENARIOS[name].drift} needs a "
+                                 f"population precision above it; {pop.name} has {pop.truth:.3f}")
+    except ValueError as exc:
+        print(f"stratameter simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json or not sys.stderr.isatty():
+        static, rows = stream.run_study(study, workers=args.workers)
+    else:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("simulating {task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} (static design and scenarios)"),
+                      TimeElapsedColumn(), transient=True) as bar:
+            task = bar.add_task(pop.name, total=len(study.scenarios) + 1)
+            static, rows = stream.run_study(study, lambda done, total: bar.update(task, completed=done), args.workers)
+    if args.json:
+        print(json.dumps(stream.as_json(study, static, rows)))
+    else:
+        _print_stream_table(study, static, rows)
+    return 0
+
+
+def _print_stream_table(study: StreamStudy, static, rows) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s, pop = study.settings, study.population
+    budget = "no budget" if s.max_labels_per_hour is None else f"{s.max_labels_per_hour} labels/hour"
+    title = (f"{pop.name} (precision {pop.truth:.4f}) as a stream: {s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
+             f"lateness {s.lateness:g} s, {budget}; delta={s.delta}, alpha={1 - s.confidence:.2g}, "
+             f"runs={study.runs}; static design: {static.labels_mean:.0f} +- {static.labels_se:.0f} labels")
+    t = Table(title=title)
+    cols = ("scenario", "items", "labels +- se", "reached delta", "InConf (reached)", "cover (closed)",
+            "vs static", "capped", "stop (min)")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "scenario" else "right", no_wrap=True)
+    for r in rows:
+        inconf = "-" if r.in_conf_reached is None else f"{r.in_conf_reached:.3f}"
+        ratio = "-" if r.ratio_vs_static is None else f"{r.ratio_vs_static:.3f}"
+        t.add_row(r.scenario, f"{r.items_mean:.0f}", f"{r.labels_mean:.0f} +- {r.labels_se:.0f}",
+                  f"{r.reached_delta:.3f}", inconf, f"{r.coverage_closed:.3f}", ratio, f"{r.capped:.3f}",
+                  f"{r.stop_minutes_mean:.0f}")
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)
+    console.print(t)
 
 
 def _run_with_progress(req: StudyRequest, workers, quiet: bool):
