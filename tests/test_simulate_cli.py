@@ -274,3 +274,73 @@ def test_argparse_errors_exit_2_naming_the_option(capsys, args, option):
         main(["simulate", *args])
     assert exc.value.code == 2
     assert option in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- simulate --stream
+
+
+def test_simulate_stream_json_document(capsys):
+    doc = run_json(capsys, "--stream", "--scenario", "burst,slow", "--runs", "20", "--delta", "0.1",
+                   "--chunk-seconds", "600", "--rate", "0.5", "--lateness", "60", "--workers", "1")
+    assert doc["mode"] == "stream" and doc["population"] == "calibrated" and doc["runs"] == 20
+    assert doc["delta"] == 0.1 and doc["confidence"] == 0.95
+    assert doc["settings"]["chunk_seconds"] == 600 and doc["settings"]["rate"] == 0.5
+    assert doc["settings"]["lateness"] == 60 and doc["settings"]["max_labels_per_hour"] is None
+    static = doc["static"]
+    assert static["method"] == "opt_track" and static["labels_mean"] > 0
+    rows = doc["scenarios"]
+    assert [r["scenario"] for r in rows] == ["burst", "slow"]
+    for r in rows:
+        assert r["runs"] == 20 and 250 <= r["items_mean"] <= 350
+        assert 0 <= r["reached_delta"] <= 1 and 0 <= r["coverage_closed"] <= 1
+        assert r["ratio_vs_static"] == pytest.approx(r["labels_mean"] / static["labels_mean"])
+        assert r["labels_mean"] <= r["requests_mean"] <= r["items_mean"]
+    # a scenario's runs depend only on the seed, not on the other scenarios selected
+    again = run_json(capsys, "--stream", "--scenario", "slow", "--runs", "20", "--delta", "0.1",
+                     "--chunk-seconds", "600", "--rate", "0.5", "--lateness", "60", "--workers", "1")
+    assert again["scenarios"][0]["labels_mean"] == rows[1]["labels_mean"]
+
+
+def test_simulate_stream_defaults_and_table(capsys):
+    doc = run_json(capsys, "--stream", "--runs", "4", "--chunk-seconds", "300", "--review-delay", "5",
+                   "--skip-rate", "0.1", "--max-labels-per-hour", "100", "--confidence", "0.9", "--workers", "1")
+    assert doc["delta"] == 0.02 and doc["confidence"] == 0.9  # the service's DELTA by default
+    assert [r["scenario"] for r in doc["scenarios"]] == ["slow"]
+    assert doc["settings"]["review_delay"] == [5.0, 5.0] and doc["settings"]["skip_rate"] == 0.1
+    assert doc["settings"]["max_labels_per_hour"] == 100
+    assert main(["simulate", "--stream", "--scenario", "all", "--runs", "3", "--chunk-seconds", "300",
+                 "--delta", "0.1", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in ("slow", "burst", "bursts", "drift", "late-answers", "static design", "reached delta"):
+        assert name in out
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--rate", "2"], "--rate"),  # stream options need --stream
+    (["--scenario", "slow"], "--scenario"),
+    (["--max-labels-per-hour", "10"], "--max-labels-per-hour"),
+    (["--stream", "--budget", "50"], "--budget"),
+    (["--stream", "--methods", "opt"], "--methods"),
+    (["--stream", "--without-replacement"], "--without-replacement"),
+    (["--stream", "--scenario", "trickle"], "--scenario"),
+    (["--stream", "--rate", "0"], "--rate"),
+    (["--stream", "--chunk-seconds", "0.5"], "--chunk-seconds"),
+    (["--stream", "--review-delay", "30-10"], "--review-delay"),
+    (["--stream", "--review-delay", "soon"], "--review-delay"),
+    (["--stream", "--skip-rate", "1"], "--skip-rate"),
+    (["--stream", "--lateness", "-1"], "--lateness"),
+    (["--stream", "--max-labels-per-hour", "0"], "--max-labels-per-hour"),
+    (["--alpha", "0.1", "--confidence", "0.9"], "--confidence"),
+])
+def test_stream_bad_arguments_exit_2_naming_the_option(capsys, args, option):
+    assert main(["simulate", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stratameter simulate: error:") and option in err, err
+
+
+def test_stream_drift_needs_a_precision_above_the_drop(tmp_path, capsys):
+    path = write(tmp_path, "low.csv", "score,label\n" + "".join(f"{0.5 + i / 200},{int(i % 10 == 0)}\n"
+                                                              for i in range(100)))
+    assert main(["simulate", "--stream", "--population", str(path), "--scenario", "slow,drift", "--runs", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--scenario drift" in err and "0.100" in err

@@ -294,6 +294,10 @@ class StreamResult:
     items: np.ndarray  # chunk size
     reservoir_overflow: np.ndarray  # bool: a stratum's threshold sample exceeded RESERVOIR_SIZE
     budget_blocked_steps: np.ndarray  # steps in which requests waited for the budget
+    tau: np.ndarray | None = None  # (runs, K) thresholds at stop
+    n: np.ndarray | None = None  # (runs, K) labels at stop
+    h: np.ndarray | None = None  # (runs, K) positive labels at stop
+    N: np.ndarray | None = None  # (runs, K) final stratum sizes
     trace: list = field(default_factory=list)  # per step, for the traced runs
     chunks: Chunks | None = None  # with keep_items
     requested: np.ndarray | None = None  # with keep_items: per layout item
@@ -357,7 +361,8 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
 
     out = StreamResult(*(np.zeros(R, dtype=np.int64) for _ in range(2)), *(np.full(R, np.nan) for _ in range(4)),
                        np.zeros(R, bool), np.zeros(R, bool), np.full(R, "open", dtype=object), np.zeros(R, bool),
-                       np.full(R, np.nan), c.truth, c.count, overflow, blocked_steps)
+                       np.full(R, np.nan), c.truth, c.count, overflow, blocked_steps, np.zeros((R, K)),
+                       np.zeros((R, K), dtype=np.int64), np.zeros((R, K), dtype=np.int64), np.zeros((R, K)))
     run_ids = np.arange(R)
     # arrivals so far at each step of the chunk (all items arrive before its end)
     n_arr = int(math.ceil(T / dt)) + 2
@@ -503,6 +508,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                     r = rows[i]
                     out.trace.append({
                         "run": int(r), "t": now, "N": N[r].copy(), "n": n[r].copy(), "h": h[r].copy(),
+                        "q": q[i].copy(),
                         "pending": int(pend[r] - issued_now[r]), "tau": tau[r].copy(), "want": want[i].copy(),
                         "flowing": bool(flowing[i]), "closed": closed, "final": float(final[i]),
                         "estimate": float(iv.estimate[i]), "halfwidth": float(hw[i]), "streak": int(st[i]),
@@ -520,6 +526,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 out.status[d] = status[done]
                 out.capped[d] = ~finished[done]
                 out.stop_seconds[d] = now
+                out.tau[d], out.n[d], out.h[d], out.N[d] = tau[d], n[d], h[d], N[d]
                 active[d] = False
         # next step: skip the steps at which no active run can change
         nxt = step + 1
