@@ -7,7 +7,9 @@ histogram increments (the sketch later chunks' boundaries come from), the
 predicted-positive count per stratum, and the reservoir candidates (the
 bottom-k priorities of the batch per stratum; Redis keeps the global
 bottom-k, which is a uniform sample of the stratum whatever the batching or
-the number of instances feeding it).
+the number of instances feeding it), and the version of the strata boundaries it
+was aggregated with; for a provisional chunk (one stratum until it is
+re-stratified, see `service.ingest.ingestor`) also its exact scores.
 """
 
 from __future__ import annotations
@@ -91,11 +93,25 @@ def member(item_id: str, score: float, context: bytes | None) -> str:
     return orjson.dumps({"i": item_id, "s": score, "x": orjson.Fragment(context) if context else None}).decode()
 
 
+def score_counts(scores: np.ndarray) -> list:
+    """Exact score multiset as flat [repr(score), count, ...] pairs (repr round-trips a
+    float exactly, also through Lua's tonumber), for a provisional chunk's `pscores`."""
+    values, counts = np.unique(np.asarray(scores, dtype=float), return_counts=True)
+    out: list = []
+    for v, c in zip(values.tolist(), counts.tolist()):
+        out.append(repr(v))
+        out.append(c)
+    return out
+
+
 def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservoir_size: int,
-                  now_ms: int, rng: np.random.Generator, cutoffs_for=None) -> dict:
+                  now_ms: int, rng: np.random.Generator, cutoffs_for=None, cap: int = 0) -> dict:
     """The INGEST payload of one classifier's records (see state.scripts.INGEST).
 
-    `cuts_for(chunk)` returns the chunk's fixed strata boundaries.
+    `cuts_for(chunk)` returns the chunk's stored strata boundaries: an object with
+    `cuts`, `version` and `provisional` (`state.store.ChunkCuts`).  A provisional chunk's
+    entry also carries `cap` (the items at which it must be re-stratified first), its
+    item count `n` and its exact scores `ps`.
     `cutoffs_for(chunk)`, if given, returns None or per stratum the largest priority
     a full reservoir keeps (inf where unknown): candidates above it could never enter
     the bottom-k, so they are not sent (once the reservoirs are full, almost none are).
@@ -107,7 +123,8 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
         sel = np.flatnonzero((chunks == t) & recs.positive)
         s = recs.score[sel]
         buckets, bcounts = np.unique(bin_index(s), return_counts=True)
-        stratum = assign(s, cuts_for(int(t)))
+        strata_t = cuts_for(int(t))
+        stratum = assign(s, strata_t.cuts)
         strata, scounts = np.unique(stratum, return_counts=True)
         cut = cutoffs_for(int(t)) if cutoffs_for is not None else None
         res = []
@@ -125,10 +142,13 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
                 args.append(member(recs.item_id(i), float(recs.score[i]), recs.context(i)))
             res.append([int(k), args])
         lo, hi = float(s.min()), float(s.max())
-        out_chunks.append({
+        entry = {
             "t": str(int(t)), "hist": _pairs(buckets, bcounts), "N": _pairs(strata, scounts), "res": res,
-            "lo": lo, "hi": hi, "lo_s": repr(lo), "hi_s": repr(hi),
-        })
+            "lo": lo, "hi": hi, "lo_s": repr(lo), "hi_s": repr(hi), "v": int(strata_t.version),
+        }
+        if strata_t.provisional:
+            entry.update(cap=int(cap), n=int(sel.size), ps=score_counts(s))
+        out_chunks.append(entry)
     return {
         "scores": recs.size,
         "now": int(now_ms),

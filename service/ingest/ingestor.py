@@ -5,6 +5,19 @@ applied offset for this partition (a replay after a crash), make sure every
 event-time chunk the records fall in has its strata boundaries (fixed once,
 when the chunk opens, see `opening_histogram`), aggregate with numpy and apply with
 one INGEST script call per classifier, all in one pipeline.
+
+Strata from the start: a chunk whose opening histogram (the opening batch,
+merged with the previous chunk's when that batch is small) holds fewer than
+`provisional_cap` predicted positives (25 per stratum) opens *provisional*:
+one stratum, every item in its reservoir (the cap is at most the reservoir
+size) and its exact scores kept.  The batch that would bring it to the cap is
+refused by INGEST; the ingestor then re-stratifies the chunk (RESTRATIFY: cuts
+from the chunk's histogram plus the batch, N recomputed from the exact scores,
+reservoir members moved to their strata, cuts version incremented) and
+re-aggregates the batch with the new cuts.  Payloads carry the cuts version they
+were built with and INGEST refuses a stale one, so an instance whose cached
+cuts another instance replaced reloads them and nothing is counted twice or in
+the wrong stratum.  The request loop does not sample a provisional chunk.
 """
 
 from __future__ import annotations
@@ -17,12 +30,24 @@ import orjson
 
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
-from ..state.store import Store
+from ..state.store import ChunkCuts, Store
 from .aggregate import ClassifierRecords, build_payload, chunk_of, group_by_classifier
 
 
 #: Predicted positives per stratum the opening batch needs to set a chunk's boundaries alone.
 OPENING_ITEMS_PER_STRATUM = 25
+#: INGEST refusal reasons (see scripts.INGEST): stale cuts; the provisional chunk needs RESTRATIFY.
+STALE_CUTS, RESTRATIFY_FIRST = 1, 2
+
+
+def provisional_cap(strata: int, reservoir_size: int) -> int:
+    """Predicted positives at which a provisional chunk gets its strata: 25 per stratum,
+    or the reservoir size if smaller (a provisional chunk must hold every item in its one
+    reservoir, so that re-assigning the members gives every stratum a uniform sample).
+    0 for one stratum (never provisional)."""
+    if strata <= 1:
+        return 0
+    return min(OPENING_ITEMS_PER_STRATUM * strata, int(reservoir_size))
 
 
 def opening_histogram(batch: ScoreHistogram, previous: ScoreHistogram | None, strata: int) -> ScoreHistogram:
@@ -32,6 +57,8 @@ def opening_histogram(batch: ScoreHistogram, previous: ScoreHistogram | None, st
     of them (25 per stratum) they alone set the boundaries, so a shift in the
     score distribution moves the boundaries of the very chunk where it shows.
     A smaller opening batch is merged with the previous chunk's histogram.
+    When the result still holds fewer than `provisional_cap` scores (a new
+    classifier, or a slow stream) the chunk opens provisional instead.
     """
     if previous is None or batch.total >= OPENING_ITEMS_PER_STRATUM * strata:
         return batch
@@ -52,7 +79,8 @@ class ScoreIngestor:
         self.settings = settings
         self.rng = rng or np.random.default_rng()
         self._offsets: dict[tuple[str, int], int] = {}
-        self._cuts: dict[tuple[str, int], np.ndarray] = {}
+        # (cid, chunk) -> its stored cuts; replaced only through the INGEST cuts guard
+        self._cuts: dict[tuple[str, int], ChunkCuts] = {}
         # (cid, chunk) -> per stratum the largest priority its full reservoir keeps (inf: not
         # full or not known).  Only ever decreases, so a stale value is merely less selective.
         self._cutoffs: dict[tuple[str, int], np.ndarray] = {}
@@ -90,8 +118,8 @@ class ScoreIngestor:
         partition, calls = prepared.partition, prepared.calls
         while calls:
             results = await self.store.apply_ingest([c for _, c in calls])
-            todo = []
-            for (r, call), (applied, stored, cutoffs) in zip(calls, results):
+            todo, restratify = [], []
+            for (r, call), (applied, stored, cutoffs, refused) in zip(calls, results):
                 key = (r.classifier_id, partition)
                 self._note_cutoffs(r.classifier_id, cutoffs)
                 if applied:
@@ -99,7 +127,13 @@ class ScoreIngestor:
                     self._offsets[key] = max(self._offsets.get(key, -1), stored)
                 else:  # another writer moved the offset (or a prediction was wrong): start from it
                     self._offsets[key] = stored
+                    for t, reason in refused:  # or the cuts guard: reload them, re-stratify first
+                        self._forget_chunk(r.classifier_id, t)
+                        if reason == RESTRATIFY_FIRST:
+                            restratify.append((r, t))
                     todo.append(r)
+            for r, t in restratify:
+                await self._restratify(r, t)
             calls = await self._calls(partition, todo) if todo else []
         return counted
 
@@ -113,14 +147,15 @@ class ScoreIngestor:
         fresh = [r for r in (g.after(expected[g.classifier_id]) for g in groups) if r.size]
         if not fresh:
             return []
-        await self._ensure_chunks(fresh)
+        cuts = await self._ensure_chunks(fresh)
         now_ms = int(time.time() * 1000)
         calls = []
         for r in fresh:
             cid = r.classifier_id
             cfg = self.settings.for_classifier(cid)
-            payload = build_payload(r, cfg.chunk_seconds, lambda t, c=cid: self._cuts[(c, t)],
-                                    cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)))
+            payload = build_payload(r, cfg.chunk_seconds, lambda t, c=cid: cuts[(c, t)],
+                                    cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)),
+                                    provisional_cap(cfg.strata, cfg.reservoir_size))
             new = int(r.offsets[-1])
             calls.append((r, (cid, partition, expected[cid], new, orjson.dumps(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
@@ -130,29 +165,67 @@ class ScoreIngestor:
         for t, k, cutoff in cutoffs:
             cut = self._cutoffs.get((cid, t))
             if cut is None:
-                cut = self._cutoffs[(cid, t)] = np.full(self._cuts[(cid, t)].size + 1, np.inf)
+                stored = self._cuts.get((cid, t))
+                if stored is None:  # forgotten meanwhile (cuts reloading): merely less selective
+                    continue
+                cut = self._cutoffs[(cid, t)] = np.full(stored.cuts.size + 1, np.inf)
             if k < cut.size:
                 cut[k] = min(cut[k], cutoff)
 
-    async def _ensure_chunks(self, recs: list[ClassifierRecords]) -> None:
+    def _forget_chunk(self, cid: str, t: int) -> None:
+        """Drop a chunk's cached cuts (and reservoir cutoffs): they are reloaded when next needed."""
+        self._cuts.pop((cid, t), None)
+        self._cutoffs.pop((cid, t), None)
+
+    async def _restratify(self, r: ClassifierRecords, t: int) -> None:
+        """Give provisional chunk `t` its strata: cuts from its histogram plus this batch's
+        items in it (the same stratification as any chunk), applied by RESTRATIFY unless
+        another instance did it first (the version check inside the script)."""
+        cid = r.classifier_id
+        cfg = self.settings.for_classifier(cid)
+        cur = (await self.store.chunk_strata([(cid, t)]))[(cid, t)]
+        if cur is None or not cur.provisional:
+            return
+        sel = r.positive & (chunk_of(r.event_ms, cfg.chunk_seconds) == t)
+        hist = ScoreHistogram.from_scores(r.score[sel])
+        stored = await self.store.chunk_score_histogram(cid, t)
+        if stored is not None:
+            hist = stored.merge(hist)
+        await self.store.restratify(cid, t, cur.version, boundaries(hist, cfg.strata, cfg.stratification))
+
+    async def _ensure_chunks(self, recs: list[ClassifierRecords]) -> dict[tuple[str, int], ChunkCuts]:
+        """The stored cuts of every chunk the records' predicted positives fall in, opening
+        the chunks that are new; cached, and returned as a snapshot (the cache may change
+        while another batch of this instance is submitted)."""
+        out: dict[tuple[str, int], ChunkCuts] = {}
         need: dict[tuple[str, int], ClassifierRecords] = {}
         for r in recs:
             cfg = self.settings.for_classifier(r.classifier_id)
             for t in np.unique(chunk_of(r.event_ms[r.positive], cfg.chunk_seconds)):
-                if (r.classifier_id, int(t)) not in self._cuts:
-                    need[(r.classifier_id, int(t))] = r
+                key = (r.classifier_id, int(t))
+                if key in self._cuts:
+                    out[key] = self._cuts[key]
+                else:
+                    need[key] = r
         if not need:
-            return
-        stored = await self.store.chunk_cuts(list(need))
+            return out
+        stored = await self.store.chunk_strata(list(need))
         for key, cuts in stored.items():
-            if cuts is not None:
+            if cuts is None:
+                cid, t = key
+                cfg = self.settings.for_classifier(cid)
+                r = need[key]
+                sel = r.positive & (chunk_of(r.event_ms, cfg.chunk_seconds) == t)
+                hist = opening_histogram(ScoreHistogram.from_scores(r.score[sel]),
+                                         await self.store.recent_histogram(cid, t), cfg.strata)
+                now_ms = int(time.time() * 1000)
+                if hist.total < provisional_cap(cfg.strata, cfg.reservoir_size):
+                    cuts = await self.store.open_chunk(cid, t, np.empty(0), now_ms, provisional=True)
+                else:
+                    cuts = await self.store.open_chunk(cid, t, boundaries(hist, cfg.strata, cfg.stratification),
+                                                       now_ms)
+            out[key] = cuts
+            cached = self._cuts.get(key)
+            if cached is None or cached.version <= cuts.version:
                 self._cuts[key] = cuts
-                continue
-            cid, t = key
-            cfg = self.settings.for_classifier(cid)
-            r = need[key]
-            sel = r.positive & (chunk_of(r.event_ms, cfg.chunk_seconds) == t)
-            hist = opening_histogram(ScoreHistogram.from_scores(r.score[sel]),
-                                     await self.store.recent_histogram(cid, t), cfg.strata)
-            cuts = boundaries(hist, cfg.strata, cfg.stratification)
-            self._cuts[key] = await self.store.open_chunk(cid, t, cuts, int(time.time() * 1000))
+        return out

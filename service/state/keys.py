@@ -7,11 +7,14 @@ Per classifier ``P:{cid}:...``
   offsets:scores      hash   partition -> last applied offset of the scores topic
   offsets:labels      hash   partition -> last applied offset of the labels topic
   chunks              zset   chunk id -> chunk id (chunks with data)
-  c:<t>:meta          hash   cuts (JSON), strata, opened_ms, round, streak, status, ...
+  c:<t>:meta          hash   cuts (JSON), cuts_version, provisional ("1" while the chunk has one
+                             stratum until RESTRATIFY), opened_ms, round, streak, status, ...
   c:<t>:hist          hash   score bucket -> predicted positives (the sketch)
   c:<t>:N             hash   stratum -> predicted positives
   c:<t>:n / :h        hash   stratum -> labels folded / positives among them
   c:<t>:res:<k>       zset   priority -> item (bottom-k reservoir of stratum k)
+  c:<t>:pscores       hash   score (repr) -> predicted positives, only while provisional (exact
+                             scores, so RESTRATIFY recomputes N; fewer than 25 x K entries)
   c:<t>:sampled       set    item ids already requested in this chunk
   c:<t>:replace       hash   stratum -> requests to replace (skipped / expired)
   req:<rid>           hash   request: chunk, stratum, item_id, score, deadline_ms, state

@@ -14,13 +14,33 @@ one Redis Cluster slot.
 # Returns {applied (1/0), stored offset, then for every reservoir this call touched that is
 # full: chunk, stratum, the largest priority kept (a string, exact)}.  A full reservoir's
 # largest priority only ever decreases, so the ingestor may drop later candidates above it.
+# Cuts guard (like the offset guard, nothing is applied when it refuses): every chunk of the
+# payload carries the cuts version `v` it was aggregated with; a provisional chunk's also
+# `cap`, `n` (its predicted positives in the payload) and `ps` (score -> count).  Refused:
+# {0, stored offset, then per refused chunk: chunk, 1 (stale cuts: reload them) or 2 (the
+# provisional chunk would reach `cap` items: RESTRATIFY it first)}.
 INGEST = r"""
 local stem = KEYS[1]
 local okey = stem .. ':offsets:scores'
 local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
 if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
-redis.call('HSET', okey, ARGV[1], ARGV[3])
 local p = cjson.decode(ARGV[4])
+local refused, prov = {0, stored}, {}
+for _, c in ipairs(p.chunks) do
+  local f = redis.call('HMGET', stem .. ':c:' .. c.t .. ':meta', 'cuts_version', 'provisional')
+  if tonumber(f[1] or '0') ~= (c.v or 0) then
+    refused[#refused + 1] = c.t
+    refused[#refused + 1] = 1
+  elseif f[2] == '1' then
+    prov[c.t] = true
+    if not c.cap or tonumber(redis.call('HGET', stem .. ':c:' .. c.t .. ':N', '0') or '0') + c.n >= c.cap then
+      refused[#refused + 1] = c.t
+      refused[#refused + 1] = 2
+    end
+  end
+end
+if #refused > 2 then return refused end
+redis.call('HSET', okey, ARGV[1], ARGV[3])
 local out = {1, ARGV[3]}
 local meta = stem .. ':meta'
 redis.call('HINCRBY', meta, 'scores_total', p.scores)
@@ -38,6 +58,9 @@ for _, c in ipairs(p.chunks) do
   end
   for i = 1, #c.hist, 2 do redis.call('HINCRBY', ck .. ':hist', c.hist[i], c.hist[i + 1]) end
   for i = 1, #c.N, 2 do redis.call('HINCRBY', ck .. ':N', c.N[i], c.N[i + 1]) end
+  if prov[c.t] and c.ps then  -- exact scores of a provisional chunk, for RESTRATIFY
+    for i = 1, #c.ps, 2 do redis.call('HINCRBY', ck .. ':pscores', c.ps[i], c.ps[i + 1]) end
+  end
   if c.lo then
     local lo = tonumber(redis.call('HGET', ck .. ':meta', 'min') or '1e308')
     local hi = tonumber(redis.call('HGET', ck .. ':meta', 'max') or '-1e308')
@@ -62,13 +85,76 @@ end
 return out
 """
 
+# ARGV: chunk, cuts JSON, now_ms, provisional ('1': one stratum until RESTRATIFY).  The first
+# caller's cuts win.  Returns the stored {cuts, cuts_version, provisional ('1' or '')}.
 OPEN_CHUNK = r"""
 local meta = KEYS[1] .. ':c:' .. ARGV[1] .. ':meta'
 if redis.call('HSETNX', meta, 'cuts', ARGV[2]) == 1 then
   redis.call('HSET', meta, 'opened_ms', ARGV[3], 'round', 0, 'evaluated_round', 0, 'streak', 0,
-             'status', 'open')
+             'status', 'open', 'cuts_version', 0)
+  if ARGV[4] == '1' then redis.call('HSET', meta, 'provisional', '1') end
 end
-return redis.call('HGET', meta, 'cuts')
+local f = redis.call('HMGET', meta, 'cuts', 'cuts_version', 'provisional')
+return {f[1], f[2] or '0', f[3] or ''}
+"""
+
+# Re-stratify a provisional chunk (opened with one stratum, every item in reservoir 0, exact
+# scores in `pscores`) with its final cuts, atomically.  KEYS: the chunk's meta, N, pscores,
+# then res:0 .. res:K-1 (K = #cuts + 1; every key touched is declared, one slot: {cid}).
+# ARGV: expected cuts_version, cuts JSON (increasing).  Stratum of a score s: the number of
+# cuts <= s (stats.strata.assign).  N is recomputed from the exact scores, every reservoir
+# member moves to its stratum with its priority; `provisional` is cleared and cuts_version
+# incremented.  A chunk whose exact scores no longer add up to N (purged by retention) is
+# frozen with its one stratum instead.  Returns {1 (done) or 0 (not provisional or another
+# version: reload), the stored cuts_version}.
+RESTRATIFY = r"""
+local meta, nkey, pkey = KEYS[1], KEYS[2], KEYS[3]
+local f = redis.call('HMGET', meta, 'cuts_version', 'provisional')
+local v = tonumber(f[1] or '0')
+if f[2] ~= '1' or v ~= tonumber(ARGV[1]) then return {0, v} end
+local cuts = cjson.decode(ARGV[2])
+if #KEYS ~= 3 + #cuts + 1 then return redis.error_reply('RESTRATIFY: one reservoir key per stratum') end
+local function stratum(s)
+  local k = 0
+  for i = 1, #cuts do
+    if cuts[i] <= s then k = i else break end
+  end
+  return k
+end
+local ps = redis.call('HGETALL', pkey)
+local total = 0
+for i = 2, #ps, 2 do total = total + tonumber(ps[i]) end
+local nall = redis.call('HGETALL', nkey)
+local n0 = 0
+for i = 1, #nall, 2 do n0 = n0 + tonumber(nall[i + 1]) end
+redis.call('DEL', pkey)
+redis.call('HDEL', meta, 'provisional')
+redis.call('HSET', meta, 'cuts_version', v + 1)
+if total ~= n0 then return {1, v + 1} end  -- state purged meanwhile: keep the one stratum
+local counts = {}
+for i = 1, #ps, 2 do
+  local k = stratum(tonumber(ps[i]))
+  counts[k] = (counts[k] or 0) + tonumber(ps[i + 1])
+end
+local mem = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+redis.call('DEL', KEYS[4])
+local groups = {}
+for i = 1, #mem, 2 do
+  -- members are orjson {"i": id, "s": score, "x": context}: the first ',"s":' is the score's
+  local s = tonumber(string.match(mem[i], ',"s":([^,}]+)') or '') or cjson.decode(mem[i]).s
+  local k = stratum(s)
+  local g = groups[k]
+  if not g then g = {}; groups[k] = g end
+  g[#g + 1] = mem[i + 1]
+  g[#g + 1] = mem[i]
+end
+for k, g in pairs(groups) do
+  for i = 1, #g, 400 do redis.call('ZADD', KEYS[4 + k], unpack(g, i, math.min(i + 399, #g))) end
+end
+redis.call('DEL', nkey)
+for k, c in pairs(counts) do redis.call('HSET', nkey, k, c) end
+redis.call('HSET', meta, 'cuts', ARGV[2])
+return {1, v + 1}
 """
 
 LABEL = r"""

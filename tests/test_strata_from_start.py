@@ -1,0 +1,339 @@
+"""Strata from the start (issue 9): a new classifier on a slow stream opens its first
+chunk provisional (one stratum) and gets its K strata once 25 x K of its predicted
+positives have arrived; the items counted before that are re-assigned exactly (N from
+their exact scores, reservoir members to their strata).  Against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from service.config import load_settings
+from service.ingest.aggregate import build_payload, group_by_classifier, score_counts
+from service.ingest.ingestor import RESTRATIFY_FIRST, STALE_CUTS, ScoreIngestor, provisional_cap
+from service.state.store import ChunkCuts, Store
+from service.stats.sketch import ScoreHistogram
+from service.stats.strata import assign, boundaries
+from tests.harness import Reviewer, running_service, wait_for
+
+pytestmark = pytest.mark.integration
+
+CHUNK_S = 3600
+K = 4
+CAP = 25 * K
+
+
+def _t0() -> int:
+    """An event time inside the current chunk (past, never future)."""
+    now = int(time.time() * 1000)
+    return now - now % (CHUNK_S * 1000) + 1
+
+
+# ---------------------------------------------------------------------------------- pure
+
+
+def test_provisional_cap():
+    assert provisional_cap(4, 1024) == 100
+    assert provisional_cap(20, 1024) == 500
+    assert provisional_cap(4, 64) == 64  # a provisional chunk must fit its one reservoir
+    assert provisional_cap(1, 1024) == 0  # one stratum: never provisional
+
+
+def test_score_counts_are_exact_and_round_trip():
+    s = np.array([0.1, 0.7, 0.1, 1e-17, 0.30000000000000004, 0.7, 0.7, -2.5e300])
+    pairs = score_counts(s)
+    got = {float(v): c for v, c in zip(pairs[0::2], pairs[1::2])}
+    assert got == {0.1: 2, 0.7: 3, 1e-17: 1, 0.30000000000000004: 1, -2.5e300: 1}
+    assert all(isinstance(v, str) for v in pairs[0::2])
+
+
+def test_payload_of_a_provisional_chunk_carries_its_version_cap_and_scores():
+    t0 = _t0()
+    scores = np.array([0.2, 0.9, 0.9, 0.4])
+    (recs,) = group_by_classifier(np.arange(4), ["c"] * 4, [f"i{i}" for i in range(4)], scores,
+                                  np.array([True, True, True, False]), np.full(4, t0), [None] * 4)
+    rng = np.random.default_rng(0)
+    prov = build_payload(recs, CHUNK_S, lambda t: ChunkCuts(np.empty(0), 0, True), 1024, 0, rng, cap=100)
+    (c,) = prov["chunks"]
+    assert (c["v"], c["cap"], c["n"], c["N"]) == (0, 100, 3, [0, 3])
+    assert {float(v): n for v, n in zip(c["ps"][0::2], c["ps"][1::2])} == {0.2: 1, 0.9: 2}
+    final = build_payload(recs, CHUNK_S, lambda t: ChunkCuts(np.array([0.5]), 1, False), 1024, 0, rng, cap=100)
+    (c,) = final["chunks"]
+    assert c["v"] == 1 and "ps" not in c and "cap" not in c and c["N"] == [0, 1, 1, 2]
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+class Feed:
+    """Records of one classifier (scores rounded: ties); `args` builds one batch of them."""
+
+    def __init__(self, n: int, seed: int, cid: str = "new") -> None:
+        rng = np.random.default_rng(seed)
+        self.cid = cid
+        self.scores = np.round(rng.beta(2, 2, n), 3)  # rounded: ties, as real scores have
+        self.positive = self.scores >= 0.2  # some records are not predicted positive
+        self.items = [f"it{i}" for i in range(n)]
+        self.t0 = _t0()
+
+    def args(self, part_offsets: np.ndarray, idx: np.ndarray) -> tuple:
+        return (part_offsets, [self.cid] * idx.size, [self.items[i] for i in idx], self.scores[idx],
+                self.positive[idx], np.full(idx.size, self.t0), [None] * idx.size)
+
+
+def _spy(store: Store) -> dict[str, list]:
+    """Record RESTRATIFY outcomes and INGEST cuts-guard refusals (chunk, reason) of `store`."""
+    seen: dict[str, list] = {"restratified": [], "refused": []}
+    restratify, apply_ingest = store.restratify, store.apply_ingest
+
+    async def spy_restratify(cid, t, version, cuts):
+        done = await restratify(cid, t, version, cuts)
+        seen["restratified"].append((cid, done))
+        return done
+
+    async def spy_apply(calls):
+        out = await apply_ingest(calls)
+        for _applied, _stored, _cutoffs, refused in out:
+            seen["refused"] += [reason for _t, reason in refused]
+        return out
+
+    store.restratify, store.apply_ingest = spy_restratify, spy_apply
+    return seen
+
+
+async def _chunk(store: Store, cid: str):
+    ids = await store.chunk_ids(cid)
+    assert len(ids) == 1
+    (cs,) = await store.chunks(cid, ids)
+    return cs
+
+
+async def _check_exact(store: Store, cid: str, scores: np.ndarray, records: int) -> np.ndarray:
+    """The chunk holds exactly `scores` (the predicted positives sent, with repeats) in its
+    final strata, its reservoirs hold every distinct item in the stratum of its score."""
+    cs = await _chunk(store, cid)
+    assert not cs.provisional and cs.strata == K, cs
+    expected = np.bincount(assign(scores, cs.cuts), minlength=K)
+    assert cs.N.tolist() == expected.tolist()
+    res = await store.reservoirs(cid, cs.chunk, K)
+    members = {}
+    for k, entries in enumerate(res):
+        for raw, _priority in entries:
+            m = orjson.loads(raw)
+            assert int(assign(np.array([m["s"]]), cs.cuts)[0]) == k, (m, k, cs.cuts)
+            members[m["i"]] = m["s"]
+    assert len(members) == sum(len(r) for r in res)  # no member in two strata
+    summary = await store.classifier_summary(cid)
+    assert int(summary["meta"]["scores_total"]) == records
+    ck = store.keys.chunk(cid, cs.chunk)
+    assert not await store.redis.exists(f"{ck}:pscores")  # dropped once re-stratified
+    assert await store.redis.hget(f"{ck}:meta", "cuts_version") == b"1"
+    return cs.cuts
+
+
+# ---------------------------------------------------------------------------------- service state
+
+
+async def test_slow_stream_gets_its_strata_once_25k_items_arrived(redis_url, unique_name):
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("slow"))
+    seen = _spy(store)
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
+    feed = Feed(240, seed=3)
+    feed.items[7] = feed.items[6]  # a repeated record (same item, score): counted twice, one member
+    feed.scores[7], feed.positive[7] = feed.scores[6], feed.positive[6]
+    sent = 0
+    crossed = None
+    for b in range(0, 240, 3):  # 3 records per batch
+        idx = np.arange(b, b + 3)
+        assert await ingest.apply(0, idx, *feed.args(idx, idx)[1:]) == 3
+        sent += 3
+        positives = int(feed.positive[:sent].sum())
+        cs = await _chunk(store, feed.cid)
+        if positives < CAP:
+            assert cs.provisional and cs.strata == 1 and cs.N.tolist() == [positives], (sent, cs)
+        else:
+            assert not cs.provisional and cs.strata == K and int(cs.N.sum()) == positives
+            if crossed is None:
+                crossed = sent
+                # the cuts come from every item up to and including the batch that reached 25 K
+                pos = feed.scores[:sent][feed.positive[:sent]]
+                assert cs.cuts.tolist() == boundaries(ScoreHistogram.from_scores(pos), K, "perc").tolist()
+                assert np.all(np.bincount(assign(pos, cs.cuts), minlength=K) >= 10)
+    assert crossed is not None and int(feed.positive[:crossed - 3].sum()) < CAP <= int(feed.positive[:crossed].sum())
+    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST]}
+    cuts = await _check_exact(store, feed.cid, feed.scores[feed.positive], 240)
+    res = await store.reservoirs(feed.cid, (await _chunk(store, feed.cid)).chunk, K)
+    assert sum(len(r) for r in res) == int(feed.positive.sum()) - 1  # every distinct item kept (one repeat)
+
+    # a replay after re-stratification (a restart from older committed offsets) is a no-op:
+    # the batches before, at and after the crossing, by this instance and by a fresh one
+    for ing in (ingest, ScoreIngestor(store, settings, np.random.default_rng(2))):
+        for b in (0, 30, crossed - 3, crossed, 237):
+            idx = np.arange(b, b + 3)
+            assert await ing.submit(await ing.prepare(0, *feed.args(idx, idx), reload_offsets=True)) == 0
+    assert (await _check_exact(store, feed.cid, feed.scores[feed.positive], 240)).tolist() == cuts.tolist()
+    await redis.aclose()
+
+
+async def test_a_replica_with_stale_cuts_reloads_them(redis_url, unique_name):
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("stale"))
+    seen = _spy(store)
+    a, b = (ScoreIngestor(store, settings, np.random.default_rng(s)) for s in (1, 2))
+    feed = Feed(400, seed=5)
+    feed.positive[:] = True
+    # b caches the provisional cuts (partition 1), then prepares a batch on them
+    assert await b.apply(1, np.arange(3), *feed.args(np.arange(3), np.arange(300, 303))[1:]) == 3
+    ahead = await b.prepare(1, *feed.args(np.arange(3, 6), np.arange(303, 306)))
+    # a (partition 0) brings the chunk past 25 K in one batch and re-stratifies it
+    assert await a.apply(0, np.arange(120), *feed.args(np.arange(120), np.arange(120))[1:]) == 120
+    assert not (await _chunk(store, feed.cid)).provisional
+    # b's payload was built with the provisional cuts: refused, re-aggregated with the new ones
+    assert await b.submit(ahead) == 3
+    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST, STALE_CUTS]}
+    idx = np.concatenate([np.arange(120), np.arange(300, 306)])
+    await _check_exact(store, feed.cid, feed.scores[idx], idx.size)
+    await redis.aclose()
+
+
+async def test_two_instances_racing_on_one_new_classifier_stay_consistent(redis_url, unique_name):
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("race"))
+    seen = _spy(store)
+    replicas = [ScoreIngestor(store, settings, np.random.default_rng(s)) for s in (1, 2)]
+    feed = Feed(360, seed=11)
+    halves = [np.arange(0, 360, 2), np.arange(1, 360, 2)]  # partition p gets every other record
+
+    async def run(p: int) -> int:
+        counted = 0
+        idx = halves[p]
+        for j in range(0, idx.size, 3):
+            part_off = np.arange(j, min(j + 3, idx.size))
+            counted += await replicas[p].apply(p, part_off, *feed.args(part_off, idx[part_off])[1:])
+            await asyncio.sleep(0)
+        return counted
+
+    assert sum(await asyncio.gather(run(0), run(1))) == 360
+    await _check_exact(store, feed.cid, feed.scores[feed.positive], 360)
+    assert [done for _cid, done in seen["restratified"]].count(True) == 1
+    seen["restratified"].clear()
+    seen["refused"].clear()
+
+    # both at once, each with a batch that brings the provisional chunk past 25 K: one
+    # re-stratification wins, the other instance reloads the cuts and re-aggregates
+    feed3 = Feed(300, seed=13, cid="new3")
+    feed3.positive[:] = True
+    for p in (0, 1):  # each caches the provisional chunk, opened by a small batch
+        assert await replicas[p].apply(p, np.arange(2), *feed3.args(np.arange(2), np.arange(2 * p, 2 * p + 2))[1:]) == 2
+    preps = [await replicas[p].prepare(p, *feed3.args(np.arange(2, 100), np.arange(4 + 98 * p, 102 + 98 * p)))
+             for p in (0, 1)]
+    assert sum(await asyncio.gather(*(replicas[p].submit(preps[p]) for p in (0, 1)))) == 196
+    await _check_exact(store, "new3", feed3.scores[:200], 200)
+    assert sorted(seen["refused"]) == [RESTRATIFY_FIRST, RESTRATIFY_FIRST]  # both batches would cross
+    assert [done for _cid, done in seen["restratified"]].count(True) == 1, seen
+    await redis.aclose()
+
+
+async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(redis_url, unique_name):
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("purged"))
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
+    feed = Feed(200, seed=7)
+    feed.positive[:] = True
+    assert await ingest.apply(0, np.arange(50), *feed.args(np.arange(50), np.arange(50))[1:]) == 50
+    cs = await _chunk(store, feed.cid)
+    assert cs.provisional
+    # retention purges its reservoir and exact scores (as for a chunk older than CHUNK_RETENTION)
+    await store.purge_chunks(feed.cid, [cs.chunk, cs.chunk + 1], keep_full=1, keep_history=10)
+    assert await ingest.apply(0, np.arange(50, 150), *feed.args(np.arange(50, 150), np.arange(50, 150))[1:]) == 100
+    cs = await _chunk(store, feed.cid)
+    assert not cs.provisional and cs.strata == 1 and cs.N.tolist() == [150]
+    await redis.aclose()
+
+
+async def test_one_stratum_or_a_large_opening_batch_is_never_provisional(redis_url, unique_name):
+    redis = Redis.from_url(redis_url)
+    feed = Feed(150, seed=9)
+    feed.positive[:] = True
+    for env, n, strata in (({"STRATAMETER_STRATA": "1"}, 3, 1), ({}, 100, K)):
+        settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S),
+                                  **env})
+        store = Store(redis, unique_name("never"))
+        ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
+        assert await ingest.apply(0, np.arange(n), *feed.args(np.arange(n), np.arange(n))[1:]) == n
+        cs = await _chunk(store, feed.cid)
+        assert not cs.provisional and cs.strata == strata
+    await redis.aclose()
+
+
+async def test_restratify_assigns_like_the_core_also_at_the_cuts(redis_url, unique_name):
+    """RESTRATIFY's stratum rule in Lua (number of cuts <= s) is `stats.strata.assign`'s,
+    for scores exactly at a cut, repeated scores and tiny or negative ones; it runs once."""
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("rule"))
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
+    scores = np.array([-3.5, 1e-300, 0.1, 0.2, 0.2, 0.30000000000000004, 0.3, 0.7, 0.7, 0.9999999999999999, 12.0])
+    n = scores.size
+    items = [f"i{i}" for i in range(n)]
+    assert await ingest.apply(0, np.arange(n), ["c"] * n, items, scores, np.ones(n, bool), np.full(n, _t0()),
+                              [None] * n) == n
+    cs = await _chunk(store, "c")
+    assert cs.provisional and cs.N.tolist() == [n]
+    cuts = np.array([0.2, 0.30000000000000004, 0.7])
+    assert await store.restratify("c", cs.chunk, 0, cuts)
+    assert not await store.restratify("c", cs.chunk, 0, np.array([0.5]))  # done once: version moved
+    cs = await _chunk(store, "c")
+    assert not cs.provisional and cs.cuts.tolist() == cuts.tolist()
+    assert cs.N.tolist() == np.bincount(assign(scores, cuts), minlength=4).tolist() == [3, 3, 1, 4]
+    res = await store.reservoirs("c", cs.chunk, 4)
+    got = {orjson.loads(m)["i"]: k for k, entries in enumerate(res) for m, _ in entries}
+    assert got == {items[i]: int(k) for i, k in enumerate(assign(scores, cuts))}
+    await redis.aclose()
+
+
+async def test_service_slow_stream_new_classifier_gets_k_strata_and_only_final_strata_are_sampled(
+        kafka_bootstrap, redis_url, unique_name):
+    """Through the broker, with the request loop and a reviewer running: 3 records at a time
+    of a new classifier.  Its first chunk is provisional (and never sampled) until 25 x K
+    items arrived, then has K strata with exact counts; every label request names the
+    final stratum of its item."""
+    async with running_service(kafka_bootstrap, redis_url, unique_name, CHUNK_SECONDS=str(CHUNK_S),
+                               MAX_LABELS_PER_HOUR="5000") as run:
+        store = run.service.store
+        feed = Feed(150, seed=21, cid="brand-new")
+        feed.positive[:] = True
+        seen_provisional = []
+        async with Reviewer(run, unique_name("rev"), lambda req: bool(req["score"] > 0.5)) as reviewer:
+            for b in range(0, 150, 3):
+                for i in range(b, b + 3):
+                    await run.send_score(classifier_id=feed.cid, item_id=feed.items[i], score=float(feed.scores[i]),
+                                         predicted_positive=True, event_time=feed.t0)
+                await run.producer.flush()
+
+                async def counted(n=b + 3):
+                    return int((await store.classifier_summary(feed.cid))["meta"].get("scores_total", 0)) >= n
+
+                await wait_for(counted, 30, f"{b + 3} records counted")
+                cs = await _chunk(store, feed.cid)
+                seen_provisional.append(cs.provisional)
+                assert cs.provisional == (b + 3 < CAP) and cs.strata == (1 if b + 3 < CAP else K), (b, cs)
+            cuts = await _check_exact(store, feed.cid, feed.scores, 150)
+
+            async def some_requests():
+                return len(reviewer.requests) > 0
+
+            await wait_for(some_requests, 30, "label requests for the re-stratified chunk")
+        assert any(seen_provisional) and not seen_provisional[-1]
+        for req in reviewer.requests:  # no request while provisional: each names its item's final stratum
+            assert req["stratum"] == int(assign(np.array([req["score"]]), cuts)[0]), (req, cuts)
