@@ -287,6 +287,7 @@ EventTime = Annotated[
 ]
 UtcTime = Annotated[
     StrictStr,
+    StringConstraints(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$"),
     Field(json_schema_extra={"format": "date-time"}, examples=["2024-06-10T08:13:20.000Z"],
           description="RFC 3339, UTC, millisecond precision"),
 ]

@@ -20,6 +20,7 @@ import time
 import orjson
 import pytest
 
+from schemas.messages import format_time
 from service.simulate.populations import builtin
 from tests.harness import Reviewer, running_service, wait_for
 
@@ -137,10 +138,8 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
                 watcher.cancel()
     assert not violations, violations[:3]
 
-    from datetime import datetime, timezone
-
     def start_iso(t: int) -> str:
-        return datetime.fromtimestamp(t * CHUNK_SECONDS, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+        return format_time(t * CHUNK_SECONDS * 1000)
 
     misses, checked = [], 0
     for cid in ("steady", "drops"):

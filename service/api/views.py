@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
 
 import numpy as np
+
+from schemas.messages import format_time
 
 from ..state.store import ChunkState, Store
 from ..stats import streams
 
 
 def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return format_time(round(seconds * 1000))
 
 
 def _num(x) -> float | None:

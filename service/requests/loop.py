@@ -24,10 +24,11 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 import orjson
+
+from schemas.parse import label_request_bytes
 
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability
@@ -41,21 +42,14 @@ log = logging.getLogger("stratameter.requests")
 ACTIVE_CHUNKS = 2
 
 
-def rfc3339(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-
-
 def new_request_id(cid: str) -> str:
     return f"{cid}/{secrets.token_urlsafe(16)}"
 
 
 def request_message(rid: str, cid: str, stratum: int, member: dict, requested_ms: int, deadline_ms: int) -> bytes:
-    """A `stratameter.label-requests` record (see schemas.messages.LabelRequest)."""
-    return orjson.dumps({
-        "request_id": rid, "classifier_id": cid, "item_id": member["i"], "score": member["s"],
-        "stratum": stratum, "requested_at": rfc3339(requested_ms), "expires_at": rfc3339(deadline_ms),
-        "context": member.get("x"),
-    })
+    """A `stratameter.label-requests` record (the contract: schemas.messages.LabelRequest)."""
+    return label_request_bytes(rid, cid, member["i"], member["s"], stratum, requested_ms / 1000, deadline_ms / 1000,
+                               member.get("x"))
 
 
 class RequestLoop:

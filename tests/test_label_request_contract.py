@@ -1,0 +1,59 @@
+"""The label-request contract is what production publishes: records taken off the
+topic the running service writes to, checked against `schemas.messages.LabelRequest`
+(millisecond RFC 3339 UTC timestamps included)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from schemas.messages import LabelRequest
+from tests.harness import Reviewer, running_service, wait_for
+
+pytestmark = pytest.mark.integration
+
+MS_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+
+
+def test_label_request_rejects_timestamps_without_milliseconds():
+    good = {"request_id": "c/t", "classifier_id": "c", "item_id": "i", "score": 0.5, "stratum": 0,
+            "requested_at": "2026-11-23T08:13:20.000Z", "expires_at": "2026-11-24T08:13:20.123Z", "context": None}
+    LabelRequest.model_validate(good)
+    for bad in ("2026-11-23T08:13:20Z", "2026-11-23T08:13:20.123000Z", "2026-11-23T08:13:20.000+00:00"):
+        with pytest.raises(ValueError):
+            LabelRequest.model_validate({**good, "requested_at": bad})
+
+
+async def test_published_label_requests_follow_the_documented_contract(kafka_bootstrap, redis_url, unique_name):
+    async with running_service(kafka_bootstrap, redis_url, unique_name, DELTA="0.1") as run:
+        now_ms = int(time.time() * 1000)
+        for i in range(200):
+            await run.send_score(classifier_id="contract", item_id=f"i{i}", score=0.5 + i / 400, event_time=now_ms,
+                                 context={"text": f"item {i}", "n": i})
+        await run.producer.flush()
+        consumer = AIOKafkaConsumer(run.topics["requests"], bootstrap_servers=run.bootstrap,
+                                    group_id=unique_name("contract"), auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            async with Reviewer(run, unique_name("rev"), lambda req: True):
+                raw: list[tuple[bytes, bytes]] = []
+
+                async def some():
+                    batch = await consumer.getmany(timeout_ms=500)
+                    raw.extend((r.key, r.value) for recs in batch.values() for r in recs)
+                    return len(raw) >= 8
+
+                await wait_for(some, 120, "label requests on the topic")
+        finally:
+            await consumer.stop()
+    for key, value in raw:
+        req = LabelRequest.model_validate_json(value)
+        assert key == b"contract"
+        assert MS_UTC.match(req.requested_at) and MS_UTC.match(req.expires_at), value
+        assert req.request_id.startswith("contract/")
+        assert req.context == {"text": f"item {req.item_id[1:]}", "n": int(req.item_id[1:])}
+        assert orjson.loads(value)["score"] == req.score
