@@ -308,16 +308,16 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                trace_runs: int = 0, keep_items: bool = False) -> StreamResult:
     """R runs of the service's request loop on chunks drawn by `draw`.
 
-    A run's step is computed when something it depends on changed: while its
-    items flow (the pace moves with the clock), and otherwise only when items
-    arrive, when its last pending answer lands, when the chunk closes, at the
-    time cap, or while requests wait for the budget.  At any other step the
-    service's step is a no-op (nothing to evaluate with answers pending, no
-    pace once arrivals stopped, no round before the previous one completed).
+    As in the service (`requests.loop`): a step is skipped where nothing the
+    design looks at changed since the chunk's last step (items, labels,
+    pending requests, flowing, closed, thresholds) unless the chunk waits for
+    the budget; thresholds are stored only when a step issues requests (a
+    raise that finds no arrived item is recomputed at the next step); the
+    score prior is re-read when the chunk has grown by a tenth.
     """
     rng = np.random.default_rng(seed)
     c = draw(pop, scenario, s, runs, rng)
-    R, K = runs, c.K
+    R, K, M = runs, c.K, c.M
     dt = float(s.step_seconds)
     T = float(s.chunk_seconds)
     end, close_t = T, T + float(s.lateness)
@@ -333,18 +333,22 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     ring_h = np.zeros((S, R, K), dtype=np.int32)
     ring_c = np.zeros((S, R), dtype=np.int32)
     budget = s.max_labels_per_hour
+    silence = streams.min_silence(T)
 
     N = np.zeros((R, K))
     qsum = np.zeros((R, K))
+    q = np.full((R, K), 0.5)  # the prior, as last read
+    q_size = np.zeros(R)  # chunk size when it was read
     n = np.zeros((R, K), dtype=np.int64)
     h = np.zeros((R, K), dtype=np.int64)
     req_k = np.zeros((R, K), dtype=np.int64)  # requested, per stratum
-    wait_k = np.zeros((R, K), dtype=np.int64)  # due but waiting for the budget
     pend = np.zeros(R, dtype=np.int64)
-    tau = np.zeros((R, K))
-    m = np.zeros((R, K), dtype=np.int64)  # items (arrived or not) at or below tau
+    tau = np.zeros((R, K))  # stored thresholds
+    m = np.zeros((R, K), dtype=np.int64)  # items (arrived or not) at or below the stored thresholds
     streak = np.zeros(R, dtype=np.int64)
     evaluated = np.zeros(R, dtype=np.int64)
+    status_now = np.full(R, "open", dtype=object)
+    seen = np.full((R, 5 + K), np.nan)  # (items, labels, pending, flowing, closed, stored thresholds)
     ptr = np.zeros(R, dtype=np.int64)  # arrivals so far
     first = np.full(R, np.nan)
     last = np.full(R, np.nan)
@@ -353,11 +357,10 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     overflow = np.zeros(R, dtype=bool)
     blocked_steps = np.zeros(R, dtype=np.int64)
     requested = np.zeros(c.key.size, dtype=bool)
-    waiting = np.zeros(c.key.size, dtype=bool) if budget is not None else None
+    waiting = np.zeros(c.key.size, dtype=bool)  # arrived, unrequested, at or below the stored threshold
+    n_waiting = np.zeros(R, dtype=np.int64)
     requested_at = np.full(c.key.size, np.nan, dtype=np.float32) if keep_items else None
     active = np.ones(R, dtype=bool)
-    flowing_last = np.ones(R, dtype=bool)  # as of the run's last computed step (until then: compute it)
-    dirty = np.ones(R, dtype=bool)
 
     out = StreamResult(*(np.zeros(R, dtype=np.int64) for _ in range(2)), *(np.full(R, np.nan) for _ in range(4)),
                        np.zeros(R, bool), np.zeros(R, bool), np.full(R, "open", dtype=object), np.zeros(R, bool),
@@ -366,65 +369,60 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     run_ids = np.arange(R)
     # arrivals so far at each step of the chunk (all items arrive before its end)
     n_arr = int(math.ceil(T / dt)) + 2
-    a_sorted = c.arr_key.reshape(R, c.M) - run_ids[:, None] * c.span
+    a_sorted = c.arr_key.reshape(R, M) - run_ids[:, None] * c.span
     first_step = np.ceil(a_sorted / dt).astype(np.int64)  # the first step with step * dt >= a
     first_step -= (first_step - 1) * dt >= a_sorted
     first_step += first_step * dt < a_sorted
-    has = np.arange(c.M)[None, :] < c.count[:, None]
+    has = np.arange(M)[None, :] < c.count[:, None]
     arrived_by = np.cumsum(np.bincount((run_ids[:, None] * n_arr + np.minimum(first_step, n_arr - 1))[has],
                                        minlength=R * n_arr).reshape(R, n_arr), axis=1).astype(np.int64)
     del a_sorted, first_step, has
     hour = -1
-    was_closed = False
     step = 0
     while active.any():
         now = step * dt
         sl = step % S
-        # 1. answers land; a run whose last pending answer landed must step
-        landed = ring_c[sl] > 0
+        # 1. answers land
         n += ring_n[sl]
         h += ring_h[sl]
         pend -= ring_c[sl]
         ring_n[sl] = 0
         ring_h[sl] = 0
         ring_c[sl] = 0
-        dirty |= landed & (pend == 0)
-        # arrivals
+        # arrivals: counted; those at or below a stored threshold are due
         new_ptr = arrived_by[:, min(step, n_arr - 1)]
         grew = np.flatnonzero(new_ptr > ptr)
-        due_parts = []
+        fresh = np.empty(0, dtype=np.int64)
         if grew.size:
-            li = c.arr_li[_ranges(grew * c.M + ptr[grew], new_ptr[grew] - ptr[grew])]
-            rr = li // c.M
+            li = c.arr_li[_ranges(grew * M + ptr[grew], new_ptr[grew] - ptr[grew])]
+            rr = li // M
             kk = c.stratum[li].astype(np.int64)
             flat = rr * K + kk
             N += np.bincount(flat, minlength=R * K).reshape(R, K)
             qsum += np.bincount(flat, weights=c.prob[li], minlength=R * K).reshape(R, K)
-            first[grew] = np.where(np.isnan(first[grew]), c.arr_key[grew * c.M] - grew * c.span, first[grew])
-            last[grew] = c.arr_key[grew * c.M + new_ptr[grew] - 1] - grew * c.span
-            below = (li - c.off[rr, kk]) < m[rr, kk]  # arrived at or below the threshold: due now
-            due_parts.append(li[below])
+            first[grew] = np.where(np.isnan(first[grew]), c.arr_key[grew * M] - grew * c.span, first[grew])
+            last[grew] = c.arr_key[grew * M + new_ptr[grew] - 1] - grew * c.span
+            fresh = li[(li - c.off[rr, kk]) < m[rr, kk]]
             ptr = new_ptr
-            dirty[grew] = True
         closed = bool(streams.is_closed(now, end, s.lateness))
         capped = now >= cap_t
-        if closed != was_closed or capped:
-            dirty[:] = True
-        was_closed = closed
-        if budget is not None:
-            if int(now // 3600) != hour:
-                hour = int(now // 3600)
-                issued_hour[:] = 0
-            dirty |= wait_k.sum(axis=1) > 0
-        # 2. the loop, for the runs whose chunk has its strata and whose step can change anything
-        rows = np.flatnonzero(active & (now >= c.start) & (dirty | flowing_last))
+        if budget is not None and int(now // 3600) != hour:
+            hour = int(now // 3600)
+            issued_hour[:] = 0
+        # 2. the loop, for the runs whose chunk has its strata and where something it looks at changed
+        live = np.flatnonzero(active & (now >= c.start))
+        total_l = N[live].sum(axis=1)
+        flowing_l = streams.arrivals_flowing(total_l, first[live], last[live], now, end, T) & (not closed)
+        key_l = np.column_stack([total_l, n[live].sum(axis=1), pend[live], flowing_l, np.full(live.size, closed),
+                                 tau[live]])
+        changed = (key_l != seen[live]).any(axis=1) | (status_now[live] == "waiting_for_budget") | capped
+        rows = live[changed]
+        flowing = flowing_l[changed]
+        seen[rows] = key_l[changed]
         issued_now = np.zeros(R, dtype=np.int64)
         if rows.size:
-            dirty[rows] = False
             Nr, nr, hr = N[rows], n[rows], h[rows]
-            total = Nr.sum(axis=1)
-            flowing = streams.arrivals_flowing(total, first[rows], last[rows], now, end, T) & (not closed)
-            flowing_last[rows] = flowing
+            total = total_l[changed]
             final = streams.expected_final_size(total, first[rows], last[rows], now, end, T)
             N_final = Nr * (final / total)[:, None]
             iv = streams.chunk_interval(Nr, nr, hr, s.confidence, closed)
@@ -437,50 +435,56 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             streak[rows] = st
             evaluated[rows] = np.where(ev, labels, evaluated[rows])
             converged = np.isfinite(hw) & (hw <= s.delta) & (st >= s.stop_rounds)
-            q = np.where(Nr > 0, qsum[rows] / np.maximum(Nr, 1.0), 0.5)
-            tau_before = tau[rows]
-            new_tau, want = streams.plan_requests(Nr, nr, hr, q, tau_before, N_final, flowing, ready, converged,
-                                                  s.delta, s.confidence, D)
+            reread = (q_size[rows] == 0) | (total > 1.1 * q_size[rows])
+            if reread.any():
+                g = rows[reread]
+                q[g] = np.where(N[g] > 0, qsum[g] / np.maximum(N[g], 1.0), 0.5)
+                q_size[g] = total[reread]
+            tau_r, want = streams.plan_requests(Nr, nr, hr, q[rows], tau[rows], N_final, flowing, ready, converged,
+                                                s.delta, s.confidence, D)
             wr, wk = np.nonzero(want > 0)
             if wr.size:
-                new_tau[wr, wk] = raised_thresholds(c, rows[wr], wk, new_tau[wr, wk], m[rows[wr], wk],
-                                                    want[wr, wk], now)
-            tau[rows] = np.maximum(tau_before, new_tau)
-            # the items the raised thresholds pass: due if they have arrived
-            cr, ck = np.nonzero(tau[rows] > tau_before)
+                tau_r[wr, wk] = raised_thresholds(c, rows[wr], wk, tau_r[wr, wk], m[rows[wr], wk], want[wr, wk], now)
+            tau_r = np.maximum(tau[rows], tau_r)
+            m_r = m[rows].copy()
+            cr, ck = np.nonzero(tau_r > tau[rows])
             if cr.size:
                 g = rows[cr]
-                m_new = np.searchsorted(c.key, c.seg(g, ck) * 2.0 + tau[g, ck], side="right") - c.off[g, ck]
-                li = _ranges(c.off[g, ck] + m[g, ck], m_new - m[g, ck])
-                m[g, ck] = m_new
-                due_parts.append(li[c.a[li] <= now])
-            due = np.concatenate(due_parts) if due_parts else np.empty(0, dtype=np.int64)
-            if waiting is not None and wait_k.any():
+                m_r[cr, ck] = np.searchsorted(c.key, c.seg(g, ck) * 2.0 + tau_r[cr, ck], side="right") - c.off[g, ck]
+            # due: waiting below the stored thresholds, fresh arrivals below them, arrived items the raise passes
+            li = _ranges(c.off[rows[cr], ck] + m[rows[cr], ck], m_r[cr, ck] - m[rows[cr], ck])
+            parts = [fresh, li[c.a[li] <= now]]
+            if n_waiting[rows].any():
+                in_rows = np.zeros(R, dtype=bool)
+                in_rows[rows] = True
                 held = np.flatnonzero(waiting)
+                held = held[in_rows[held // M]]
                 waiting[held] = False
-                wait_k[:] = 0
-                due = np.concatenate([due, held[active[held // c.M]]])
-            due_run = due // c.M
+                n_waiting[rows] = 0
+                parts.append(held)
+            due = np.concatenate(parts)
+            due_run = due // M
+            due_k = c.stratum[due].astype(np.int64)
             n_due = np.bincount(due_run, minlength=R)
-            issue = due
+            due_k_count = np.bincount(due_run * K + due_k, minlength=R * K).reshape(R, K)
+            go = np.ones(due.size, dtype=bool)
             blocked = np.zeros(R, dtype=bool)
             if budget is not None:  # 3. the paced hourly allowance minus this clock hour's requests
                 allowed = np.maximum(0, streams.budget_allowance(budget, now % 3600) - issued_hour)
                 blocked = n_due > allowed
                 if blocked.any():
-                    due_k = c.stratum[due].astype(np.int64)
-                    rel = c.u[due] / np.maximum(tau[due_run, due_k], 1e-300)
+                    where = np.full(R, -1, dtype=np.int64)
+                    where[rows] = np.arange(rows.size)
+                    rel = c.u[due] / np.maximum(tau_r[where[due_run], due_k], 1e-300)
                     o = np.lexsort((rel, due_run))  # per run, lowest priority relative to its threshold first
                     due, due_run, due_k = due[o], due_run[o], due_k[o]
                     rank = np.arange(due.size) - np.repeat(np.cumsum(n_due) - n_due, n_due)
                     go = rank < allowed[due_run]
-                    issue = due[go]
-                    waiting[due[~go]] = True
-                    wait_k += np.bincount(due_run[~go] * K + due_k[~go], minlength=R * K).reshape(R, K)
                 blocked_steps[blocked] += 1
-            # 4. request
+            issue = due[go]
+            # 4. request; the thresholds are stored with the requests
             if issue.size:
-                ir = issue // c.M
+                ir = issue // M
                 ik = c.stratum[issue].astype(np.int64)
                 slot = (step + step_of[issue]) % S
                 lab = labelled[issue]
@@ -496,25 +500,37 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 requested[issue] = True
                 if requested_at is not None:
                     requested_at[issue] = now
-            overflow[rows] |= (req_k[rows] + wait_k[rows] > s.reservoir_size).any(axis=1)
+            stored = issued_now[rows] > 0
+            g = rows[stored]
+            tau[g], m[g] = tau_r[stored], m_r[stored]
+            # due items not requested wait, if they lie below the (stored) thresholds
+            rest = due[~go]
+            if rest.size:
+                rest_k = c.stratum[rest].astype(np.int64)
+                rest = rest[(rest - c.off[rest // M, rest_k]) < m[rest // M, rest_k]]
+                waiting[rest] = True
+                n_waiting += np.bincount(rest // M, minlength=R)
+            issued_k = np.bincount(issue // M * K + c.stratum[issue], minlength=R * K).reshape(R, K)
+            unissued = (due_k_count - issued_k)[rows]  # due, left waiting
+            overflow[rows] |= (req_k[rows] + unissued > s.reservoir_size).any(axis=1)
             # stop: closed, nothing pending, and converged or nothing left; or the time cap
-            left = (N[rows] - req_k[rows] - wait_k[rows]).sum(axis=1)
+            left = (N[rows] - req_k[rows] - unissued).sum(axis=1)  # arrived items above the thresholds
             nothing_left = (left == 0) & ready & (n_due[rows] == 0)
             finished = ready & (converged | nothing_left)
             done = closed & (finished | capped)
             status = streams.chunk_status(st, hw, s.delta, s.stop_rounds, closed, nothing_left, blocked[rows])
+            status_now[rows] = status
             if trace_runs:
                 for i in np.flatnonzero(rows < trace_runs):
                     r = rows[i]
                     out.trace.append({
                         "run": int(r), "t": now, "N": N[r].copy(), "n": n[r].copy(), "h": h[r].copy(),
-                        "q": q[i].copy(),
-                        "pending": int(pend[r] - issued_now[r]), "tau": tau[r].copy(), "want": want[i].copy(),
-                        "flowing": bool(flowing[i]), "closed": closed, "final": float(final[i]),
-                        "estimate": float(iv.estimate[i]), "halfwidth": float(hw[i]), "streak": int(st[i]),
-                        "converged": bool(converged[i]), "issued": int(issued_now[r]),
-                        "issued_hour": int(issued_hour[r]), "waiting": int(wait_k[r].sum()),
-                        "status": str(status[i]), "requested": req_k[r].copy()})
+                        "q": q[r].copy(), "pending": int(pend[r] - issued_now[r]), "tau": tau[r].copy(),
+                        "tau_step": tau_r[i].copy(), "want": want[i].copy(), "flowing": bool(flowing[i]),
+                        "closed": closed, "final": float(final[i]), "estimate": float(iv.estimate[i]),
+                        "halfwidth": float(hw[i]), "streak": int(st[i]), "converged": bool(converged[i]),
+                        "issued": int(issued_now[r]), "issued_hour": int(issued_hour[r]),
+                        "waiting": int(n_waiting[r]), "status": str(status[i]), "requested": req_k[r].copy()})
             if done.any():
                 d = rows[done]
                 out.labels[d] = labels[done]
@@ -528,24 +544,40 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 out.stop_seconds[d] = now
                 out.tau[d], out.n[d], out.h[d], out.N[d] = tau[d], n[d], h[d], N[d]
                 active[d] = False
-        # next step: skip the steps at which no active run can change
-        nxt = step + 1
-        if active.any() and not (flowing_last & active & (now >= c.start)).any() and not (dirty & active).any():
-            cand = [cap_step] + ([close_step] if step < close_step else [])
-            ahead = np.flatnonzero(ring_c[:, active].any(axis=1))
-            if ahead.size:
-                cand.append(step + 1 + int(((ahead - step - 1) % S).min()))
-            coming = active & (ptr < c.count)
-            if coming.any():
-                t_next = c.arr_key[run_ids[coming] * c.M + ptr[coming]] - run_ids[coming] * c.span
-                cand.append(int(math.ceil(float(t_next.min()) / dt - 1e-9)))
-            if budget is not None and wait_k[active].any():
-                cand.append(step + 1)
-            nxt = max(nxt, min(cand))
-        step = nxt
+        step = _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
+                          close_step, cap_step)
     if keep_items:
         out.chunks, out.requested, out.requested_at = c, requested, requested_at
     return out
+
+
+def _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
+               close_step, cap_step) -> int:
+    """The next step at which some active run's step can change anything: an
+    answer lands, an item arrives, a stream falls silent, the chunk closes, the
+    time cap; every step while a chunk waits for the budget."""
+    if not active.any():
+        return step + 1
+    if (status_now[active] == "waiting_for_budget").any():
+        return step + 1
+    cand = [cap_step] + ([close_step] if step < close_step else [])
+    ahead = np.flatnonzero(ring_c[:, active].any(axis=1))
+    if ahead.size:
+        cand.append(step + 1 + int(((ahead - step - 1) % S).min()))
+    coming = active & (ptr < c.count)
+    if coming.any():
+        t_next = c.arr_key[run_ids[coming] * c.M + ptr[coming]] - run_ids[coming] * c.span
+        cand.append(int(math.ceil(float(t_next.min()) / dt - 1e-9)))
+    seen_any = active & (ptr > 0)
+    if seen_any.any():  # when `arrivals_flowing` turns false: the silence after the last arrival, or the end
+        total = N[seen_any].sum(axis=1)
+        gap = np.maximum(last[seen_any] - first[seen_any], 0.0) / np.maximum(total - 1.0, 1.0)
+        quiet = last[seen_any] + np.maximum(streams.SILENCE_GAPS * gap, silence)
+        flip = np.minimum(quiet, end)
+        later = flip[flip >= step * dt]
+        if later.size:
+            cand.append(int(math.floor(float(later.min()) / dt)) + 1)
+    return max(step + 1, min(cand))
 
 
 @dataclass
