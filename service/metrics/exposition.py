@@ -6,6 +6,8 @@ values, `_total` for counters, base units (seconds)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -92,9 +94,38 @@ class SnapshotCollector:
         yield dropped
 
 
-async def render(service) -> bytes:
-    """The /metrics body for `service`: the classifiers it owns, and the service-wide
-    series if it is their designated exporter (see runner.GLOBAL_SERIES_OWNER)."""
+class Exporter:
+    """One registry per service, built once: the process and platform collectors and one
+    `SnapshotCollector` whose snapshot each scrape replaces (client_python's custom
+    collector pattern).  A lock keeps two concurrent scrapes from mixing snapshots."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.snapshot = SnapshotCollector([], {}, 0, {}, 0)
+        self.registry.register(_Current(self))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.lock = asyncio.Lock()
+
+    async def render(self, service) -> bytes:
+        async with self.lock:
+            self.snapshot = await _snapshot(service)
+            return generate_latest(self.registry)
+
+
+class _Current:
+    """Registered once; yields whatever the exporter's current snapshot holds."""
+
+    def __init__(self, exporter: Exporter) -> None:
+        self.exporter = exporter
+
+    def collect(self):
+        return self.exporter.snapshot.collect()
+
+
+async def _snapshot(service) -> SnapshotCollector:
+    """Read the classifiers this instance owns, and the service-wide series if it is
+    their designated exporter (see runner.GLOBAL_SERIES_OWNER)."""
     views = []
     for cid in sorted(service.owned):
         v = await classifier_view(service.store, cid, service.settings.for_classifier(cid))
@@ -107,8 +138,12 @@ async def render(service) -> bytes:
         raw = await service.redis.hget(service.store.keys.global_stem + ":labels_unknown", "unknown")
     else:
         invalid, raw = {}, 0
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(views, invalid, int(raw or 0), dict(service.lag), service.dead_letters_dropped))
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    return generate_latest(registry)
+    return SnapshotCollector(views, invalid, int(raw or 0), dict(service.lag), service.dead_letters_dropped)
+
+
+async def render(service) -> bytes:
+    """The /metrics body for `service` (its `Exporter`, created on the first scrape)."""
+    exporter = getattr(service, "metrics_exporter", None)
+    if exporter is None:
+        exporter = service.metrics_exporter = Exporter()
+    return await exporter.render(service)
