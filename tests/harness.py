@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from service.api.client import http_get, http_json  # noqa: F401 - the tests' HTTP client
 from service.config import load_settings
 from service.embedded import create_topics, find_free_port, leave_group_on_stop
 
@@ -36,16 +37,6 @@ class Running:
     async def send_label(self, request_id: str, label, key: bytes | None = b"any") -> None:
         await self.producer.send(self.topics["labels"], key=key,
                                  value=orjson.dumps({"request_id": request_id, "label": label}))
-
-
-async def http_get(port: int, path: str) -> tuple[int, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), body
 
 
 @contextlib.asynccontextmanager
@@ -137,15 +128,6 @@ async def wait_for(cond, timeout: float, what: str):
 
 
 # ---- the service as real subprocesses ------------------------------------------------------
-
-async def http_json(port: int, path: str) -> tuple[int, dict | list | None]:
-    """GET `path`; (0, None) when nothing listens (a killed instance)."""
-    try:
-        status, body = await http_get(port, path)
-    except (OSError, IndexError, ValueError):
-        return 0, None
-    return status, (orjson.loads(body) if body and status == 200 else None)
-
 
 class ServiceProcess:
     """`stratameter run` in a subprocess, logging to a file."""

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from ..api.client import http_get
 from ..config import ConfigError, load_settings
 from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, leave_group_on_stop
 from . import view
@@ -417,21 +418,3 @@ class Demo:
             if live is not None:
                 live.update(self.renderable())
             await asyncio.sleep(0.5)
-
-
-async def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    async def go():
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-            await writer.drain()
-            raw = await reader.read()
-        finally:
-            writer.close()
-        head, _, body = raw.partition(b"\r\n\r\n")
-        return int(head.split(b" ")[1]), body
-
-    try:
-        return await asyncio.wait_for(go(), timeout)
-    except asyncio.TimeoutError:
-        raise OSError("timeout") from None

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import orjson
 
+from ..api.client import http_json
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("soak", help="run the service under steady load with faults injected; check every count")
@@ -61,17 +63,7 @@ def _rss_bytes(pid: int) -> int:
 
 
 async def _get(port: int, path: str) -> tuple[int, dict | None]:
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 5)
-        writer.close()
-    except (OSError, asyncio.TimeoutError):
-        return 0, None
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ")[1]) if head else 0
-    return status, (orjson.loads(body) if status == 200 and body else None)
+    return await http_json(port, path)
 
 
 async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: float, outage: float,
