@@ -7,7 +7,8 @@ What a user watching the API must never see, and what closed chunks must get rig
 * a closed chunk whose population differs from the records sent into it;
 * closed chunks missing their true precision more often than the confidence allows,
   also when the precision drops half-way through every chunk;
-* labelling that waits for the budget without saying so.
+* labelling that waits for the budget without saying so;
+* a new classifier without its K strata in its first chunk.
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
         async with Reviewer(run, unique_name("rev"), answer):
             watcher = asyncio.create_task(watch())
             try:
+                await asyncio.sleep(CHUNK_SECONDS - time.time() % CHUNK_SECONDS + 0.2)  # start with a chunk
                 await stream.send(classifiers, STREAM_SECONDS)
-                # chunks entirely inside the stream: the first and last are partial
-                chunks = sorted({t for (cid, t) in stream.sent if cid == "steady"})[1:-1]
+                # the chunks the stream filled (the last one is partial)
+                chunks = sorted({t for (cid, t) in stream.sent if cid == "steady"})[:-1]
                 last_end = (chunks[-1] + 1) * CHUNK_SECONDS + LATENESS_SECONDS
 
                 async def settled():
@@ -150,6 +152,7 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
             assert chunk["population"] == len(labels), (cid, t, chunk["population"], len(labels))
             assert chunk["closed"] and chunk["ci_lower"] is not None, chunk
             assert chunk["labels"] < len(labels), "a census is no sample"
+            assert len(chunk["strata"]) == 4, chunk["strata"]
             checked += 1
             if not chunk["ci_lower"] <= truth <= chunk["ci_upper"]:
                 misses.append((cid, t, truth, chunk["ci_lower"], chunk["ci_upper"]))
@@ -157,5 +160,8 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
                 assert chunk["ci_upper"] < 0.9, chunk
     # at confidence 0.99 two misses among ~4-6 closed chunks have probability < 0.2 %
     assert len(misses) <= 1, (misses, checked)
+    # a new classifier on a slow stream gets its K strata in its very first chunk (25 x K items)
+    first = docs["steady"][start_iso(chunks[0])]
+    assert len(stream.sent[("steady", chunks[0])]) >= 100 and len(first["strata"]) == 4, first
     assert seen_budget_wait, "the budget-limited classifier never said it waits for the budget"
     assert 'stratameter_label_budget_remaining{classifier="budget"} 0.0' in budget_metrics
