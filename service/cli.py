@@ -1,4 +1,4 @@
-"""The `stratameter` command: run, simulate, bench, demo."""
+"""The `stratameter` command: run, simulate, bench, soak, demo, backends."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SUBCOMMANDS = (
     "service.bench.command",
     "service.soak.command",
     "service.demo.command",
+    "service.demo.backends",
 )
 
 
