@@ -184,3 +184,24 @@ def test_demo_stops_everything_on_signal(tmp_path, sig):
     assert not (left := _wait_gone(seen, marker)), f"processes left running: {left}"
     summary = json.loads((tmp_path / "stdout").read_text().strip().splitlines()[-1])
     assert {r["classifier"] for r in summary["classifiers"]} == {s.classifier for s in SCENARIOS}
+
+
+def test_live_view_fits_an_80_column_terminal_without_losing_a_number():
+    """Every number of the summary table stays whole at 80 columns (rich used to squeeze
+    estimates to `0.8…` and drop the truth and savings columns)."""
+    from rich.console import Console
+
+    from service.demo import view
+
+    rows = [{"classifier": "toxicity-shifting", "estimate": 0.843356, "lower": 0.797849, "upper": 0.888862,
+             "truth": 0.8415, "labels": 18700, "random_equivalent_labels": 22500.0}]
+    docs = {"toxicity-shifting": {"chunk": {"start": "2026-11-23T19:22:30.000Z"}, "status": "converged",
+                                  "strata": []}}
+    console = Console(width=80, force_terminal=False)
+    with console.capture() as cap:
+        console.print(view.summary_table(rows, docs, 0.95, "summary"))
+    text = cap.get()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    for piece in ("toxicity-shifting", "0.843", "[0.798, 0.889]", "0.842", "in", "18700", "22500", "17%",
+                  "converged", "truth", "random", "saved", "status"):
+        assert piece in text, (piece, text)

@@ -394,8 +394,9 @@ class Demo:
                   f"{o.rate:g} scores/s per classifier, scores sent {sum(self.truth.sent.values())}, "
                   f"labels answered {self.answered}, skipped {self.skipped}{drift}")
         footer = "\n".join(f"{s.classifier}: {s.description}" for s in SCENARIOS)
-        footer += ("\n'random would need': labels a uniform random sample of the same chunk needs for the same "
-                   "interval (same variance); 'saved' = 1 - labels / that.   Ctrl-C stops.")
+        footer += ("\n'truth': the chunk's true precision, 'in' or 'MISS' its interval; 'random': labels a uniform "
+                   "random sample of the same chunk needs for the same interval (same variance); 'saved' = 1 - "
+                   "labels / that.   Ctrl-C stops.")
         return view.render(header, self.rows(), self.docs, o.confidence, footer)
 
     @contextlib.contextmanager

@@ -25,6 +25,7 @@ from datetime import datetime
 
 from rich.columns import Columns
 from rich.console import Group
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -93,27 +94,32 @@ def _hhmmss(doc_chunk: dict | None) -> str:
 
 
 def summary_table(rows: list[dict], docs: dict[str, dict | None], confidence: float, title: str) -> Table:
-    t = Table(title=title, title_justify="left", expand=False)
-    for name, just in (("classifier", "left"), ("chunk", "left"), ("estimate", "right"),
-                       (f"{confidence:.0%} interval", "center"), ("truth", "right"), ("", "center"),
-                       ("labels", "right"), ("random would need", "right"), ("saved", "right"),
-                       ("status", "left")):
-        t.add_column(name, justify=just, no_wrap=True)
+    # fits an 80-column terminal: numbers never shrink (min_width), names and status may wrap
+    t = Table(title=title, title_justify="left", expand=False, box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False, padding=(0, 0))
+    for name, just, width in (("classifier", "left", 17), ("est.", "right", 5),
+                              (f"{confidence:.0%} CI", "center", 14), ("truth", "left", 11),
+                              ("labels", "right", 6), ("random", "right", 6), ("saved", "right", 5),
+                              ("status", "left", 9)):
+        t.add_column(name, justify=just, no_wrap=name != "status", min_width=width, overflow="fold")
     for r in rows:
         doc = docs.get(r["classifier"]) or {}
         cov = covered(r)
-        mark = Text("-") if cov is None else Text("in", style="green") if cov else Text("MISS", style="bold red")
+        truth = Text(_f(r["truth"]))
+        truth.append("" if cov is None else "  in" if cov else "  MISS",
+                     style="" if cov is None else "green" if cov else "bold red")
         rel = r["random_equivalent_labels"]
         saved = "-" if not rel or not r["labels"] else f"{1 - r['labels'] / rel:.0%}"
         interval = "-" if r["lower"] is None else f"[{r['lower']:.3f}, {r['upper']:.3f}]"
-        t.add_row(r["classifier"], _hhmmss(doc.get("chunk")), _f(r["estimate"]), interval, _f(r["truth"]), mark,
+        t.add_row(r["classifier"], _f(r["estimate"]), interval, truth,
                   str(r["labels"]), _f(rel, ".0f"), saved, str(doc.get("status", "-")))
     return t
 
 
 def strata_table(classifier: str, doc: dict | None) -> Table:
     """The reported chunk's strata, and the boundaries of the last chunks (they follow the scores)."""
-    t = Table(title=classifier, title_justify="left", show_edge=False, pad_edge=False)
+    chunk = f"  (chunk {_hhmmss(doc.get('chunk'))})" if doc else ""
+    t = Table(title=classifier + chunk, title_justify="left", show_edge=False, pad_edge=False)
     for name in ("stratum (score range)", "items", "labels", "prec."):
         t.add_column(name, justify="left" if name.startswith("stratum") else "right", no_wrap=True)
     if not doc:
