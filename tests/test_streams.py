@@ -54,6 +54,15 @@ def test_target_labels_is_neyman_without_fpc_hand_case():
     assert want[0] == pytest.approx(159.04, abs=0.01)
 
 
+def test_target_labels_with_fpc_hand_case():
+    # same strata: n* = (sum W S)^2 / (delta^2 / (z^2 margin) + sum W S^2 / N), N = 200
+    V = 0.05 ** 2 / (z_value(0.95) ** 2 * STOPPING_VARIANCE_MARGIN)
+    total = 0.4 ** 2 / (V + (0.5 * 0.25 + 0.5 * 0.09) / 200)
+    got = streams.target_labels([100, 100], [0, 0], [0, 0], [0.5, 0.9], 0.05, 0.95, fpc=True)
+    assert got == pytest.approx([total * 0.25 / 0.4, total * 0.15 / 0.4])
+    assert got.sum() < streams.target_labels([100, 100], [0, 0], [0, 0], [0.5, 0.9], 0.05, 0.95).sum()
+
+
 def test_target_labels_has_two_per_nonempty_stratum_and_none_for_empty():
     got = streams.target_labels([1000, 0, 1000], [0, 0, 0], [0, 0, 0], [1.0, 0.5, 1.0], 0.05, 0.95)
     assert got.tolist() == [2.0, 0.0, 2.0]
@@ -83,7 +92,8 @@ def test_plan_paces_while_flowing_and_runs_rounds_once_stopped():
     N, n, h, q = np.full(4, 900.0), np.zeros(4), np.zeros(4), np.array([0.6, 0.75, 0.9, 0.98])
     tau, want = streams.plan_requests(N, n, h, q, np.zeros(4), 4 * N, True, True, False, 0.02, 0.95, 8)
     assert want.tolist() == [0, 0, 0, 0]
-    assert tau == pytest.approx(streams.PACE_SHARE * streams.target_labels(4 * N, n, h, q, 0.02, 0.95) / (4 * N))
+    assert tau == pytest.approx(streams.PACE_SHARE * streams.target_labels(4 * N, n, h, q, 0.02, 0.95, fpc=True)
+                                / (4 * N))
     tau, want = streams.plan_requests(N, n, h, q, np.zeros(4), N, False, True, False, 0.02, 0.95, 8)
     assert tau.tolist() == [0, 0, 0, 0] and want.tolist() == [2, 2, 2, 2]
     # a round still pending, or converged: no new round

@@ -21,9 +21,10 @@ population correction uses the chunk's final size, for an open chunk none
 
 **Pacing.**  While items flow, each stratum's threshold is raised to
 ``PACE_SHARE * n*_k / N^_k``: ``n*_k`` is the Neyman allocation of the labels
-the target half-width needs (`target_labels`) and ``N^_k`` the stratum's
-expected final size (`expected_final_size`), so labels spread over the whole
-chunk instead of being spent on its first minutes.  ``PACE_SHARE < 1`` keeps
+the closed chunk's interval needs (`target_labels` with the finite population
+correction of the expected final size) and ``N^_k`` the stratum's expected
+final size (`expected_final_size`), so labels spread over the whole chunk
+instead of being spent on its first minutes.  ``PACE_SHARE < 1`` keeps
 early, noisy targets from locking in too high a threshold (it can never be
 lowered); once arrivals have stopped or the chunk has closed, the online OPT
 rounds of Bennett & Carvalho (allocation by ``opt_track``, the T-round
@@ -103,13 +104,15 @@ def expected_final_size(N, first_s, last_s, now_s, end_s, chunk_seconds: float) 
     return N + np.where(flowing, rate * left, 0.0)
 
 
-def target_labels(N, n, h, q, delta: float, confidence: float) -> np.ndarray:
+def target_labels(N, n, h, q, delta: float, confidence: float, fpc: bool = False) -> np.ndarray:
     """Labels per stratum the target half-width needs: Neyman's allocation
-    ``n*_k = z^2 (sum_j W_j S_j) W_k S_k / delta^2`` (Kumar & Raj, Eq. 9-10),
-    without the finite population correction, with the stopping margin of the
-    default interval, ``S_k`` from the labels plus Druck & McCallum's score
-    pseudo-observations (`allocation.pseudo_smoothed`), and at least
-    ``MIN_LABELS_PER_STRATUM`` in every non-empty stratum.
+    ``n*_k = n* W_k S_k / sum_j W_j S_j`` with ``n* = (sum W S)^2 / (V + sum W S^2 / N)``,
+    ``V = delta^2 / (z^2 margin)`` (Kumar & Raj, Eq. 9-10; the last term is the
+    finite population correction for a population of ``N`` items, dropped
+    without `fpc`), with the stopping margin of the default interval, ``S_k``
+    from the labels plus Druck & McCallum's score pseudo-observations
+    (`allocation.pseudo_smoothed`), and at least ``MIN_LABELS_PER_STRATUM`` in
+    every non-empty stratum.
     """
     N = np.asarray(N, dtype=float)
     p = pseudo_smoothed(n, h, q)
@@ -118,7 +121,10 @@ def target_labels(N, n, h, q, delta: float, confidence: float) -> np.ndarray:
     W = N / np.where(total > 0, total, 1.0)
     z = z_value(confidence)
     ws = np.sum(W * S, axis=-1, keepdims=True)
-    need = z * z * ws * W * S * STOPPING_VARIANCE_MARGIN / (delta * delta)
+    V = delta * delta / (z * z * STOPPING_VARIANCE_MARGIN)
+    if fpc:
+        V = V + np.sum(W * S * S, axis=-1, keepdims=True) / np.where(total > 0, total, 1.0)
+    need = ws * W * S / V
     return np.where(N > 0, np.maximum(need, MIN_LABELS_PER_STRATUM), 0.0)
 
 
@@ -170,7 +176,7 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     N = np.asarray(N, dtype=float)
     flowing = np.asarray(flowing, dtype=bool)[..., None]
     N_final = np.asarray(N_final, dtype=float)
-    paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence))
+    paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True))
     tau = np.where(flowing, paced, np.asarray(tau, dtype=float))
     want = allocate("opt_track", N=N, n=n, h=h, q=q, D=round_labels, round_index=0,
                     rng=rng or np.random.default_rng(0), with_replacement=False)
