@@ -131,3 +131,20 @@ def test_status():
                              [False, False, True, False, False, True])
     assert s.tolist() == ["converged", "open", "waiting_for_budget", "exhausted", "open", "converged"]
     assert streams.chunk_status(5, float("nan"), 0.02, 2, False, False, False) == "open"
+
+
+def test_catch_up_takes_a_labelled_stratum_to_most_of_its_target():
+    # one stratum, N = 1000, 40 labels with 20 positive: p = (20.5)/41 = 1/2
+    N, n, h = [1000.0], [40.0], [20.0]
+    target = streams.target_labels(N, n, h, [0.5], 0.05, 0.95)[0]
+    assert streams.catch_up(N, n, h, [0.99], 0.05, 0.95)[0] == np.ceil(streams.CATCH_UP_SHARE * target - 40)
+    closed = streams.target_labels(N, n, h, [0.5], 0.05, 0.95, fpc=True)[0]
+    assert streams.catch_up(N, n, h, [0.99], 0.05, 0.95, closed=True)[0] == np.ceil(streams.CATCH_UP_SHARE * closed - 40)
+
+
+def test_catch_up_leaves_thinly_labelled_strata_to_ordinary_rounds_and_never_exceeds_the_stratum():
+    got = streams.catch_up([1000.0, 50.0], [streams.CATCH_UP_MIN_LABELS - 1, 40.0], [10.0, 20.0], [0.5, 0.5],
+                           0.02, 0.95)
+    assert got[0] == 0  # too few labels to trust their spread
+    assert got[1] == 10  # wants more than the stratum has left
+    assert streams.catch_up([1000.0], [600.0], [300.0], [0.5], 0.05, 0.95)[0] == 0  # already past its target

@@ -121,7 +121,7 @@ class RequestLoop:
         tau, want = streams.plan_requests(cs.N, cs.n, cs.h, await self._prior(cid, cs, cfg), cs.thresholds,
                                           cs.N * final / total, flowing, pending == 0, converged, cfg.delta,
                                           cfg.confidence, allocation.round_size(cs.strata, cfg.round_labels_per_stratum),
-                                          self.rng)
+                                          self.rng, closed=closed)
         due, tau, left = await self._due(cid, cs, cfg, tau, want)
         budget = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600))
                      - await self.store.issued_this_hour(cid, now) - issued_before)

@@ -441,7 +441,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 q[g] = np.where(N[g] > 0, qsum[g] / np.maximum(N[g], 1.0), 0.5)
                 q_size[g] = total[reread]
             tau_r, want = streams.plan_requests(Nr, nr, hr, q[rows], tau[rows], N_final, flowing, ready, converged,
-                                                s.delta, s.confidence, D)
+                                                s.delta, s.confidence, D, closed=closed)
             wr, wk = np.nonzero(want > 0)
             if wr.size:
                 tau_r[wr, wk] = raised_thresholds(c, rows[wr], wk, tau_r[wr, wk], m[rows[wr], wk], want[wr, wk], now)

@@ -24,14 +24,18 @@ population correction uses the chunk's final size, for an open chunk none
 the closed chunk's interval needs (`target_labels` with the finite population
 correction of the expected final size) and ``N^_k`` the stratum's expected
 final size (`expected_final_size`), so labels spread over the whole chunk
-instead of being spent on its first minutes.  ``PACE_SHARE < 1`` keeps
-early, noisy targets from locking in too high a threshold (it can never be
-lowered); once arrivals have stopped or the chunk has closed, the online OPT
-rounds of Bennett & Carvalho (allocation by ``opt_track``, the T-round
-stopping rule) top the sample up from the reservoir, raising thresholds past
-the next-lowest priorities, exactly as on a fixed population.  A chunk whose
-items arrive in one burst therefore runs the fixed-population design as soon
-as the burst is over.
+instead of being spent on its first minutes.  A threshold can never be
+lowered, so the pace aims low (``PACE_SHARE``): an early target read off the
+scores of a miscalibrated classifier would otherwise lock in too many labels,
+while aiming low costs nothing, since every item stays in the reservoir to be
+taken later.  Once arrivals have stopped or the chunk has closed, rounds top
+the sample up from the reservoir, raising thresholds past the next-lowest
+priorities: the first round takes each well-labelled stratum to
+``CATCH_UP_SHARE`` of its target computed from its labels alone (`catch_up`),
+then the online OPT rounds of Bennett & Carvalho (allocation by ``opt_track``,
+the T-round stopping rule) finish exactly as on a fixed population.  A chunk
+whose items arrive in one burst therefore runs the fixed-population design as
+soon as the burst is over.
 
 Everything here is vectorised over runs (last axis: strata) so that
 `stratameter simulate --stream` runs the very functions the service runs.
@@ -42,11 +46,16 @@ from __future__ import annotations
 import numpy as np
 
 from .allocation import MIN_LABELS_PER_STRATUM, pseudo_smoothed
-from .estimator import STOPPING_VARIANCE_MARGIN, Interval, interval, z_value
+from .estimator import STOPPING_VARIANCE_MARGIN, Interval, half_label_smoothed, interval, z_value
 
 #: Share of the Neyman target the pace aims at while items still arrive; the
 #: rounds after the arrivals stop make up the rest (see the module docstring).
-PACE_SHARE = 0.9
+PACE_SHARE = 0.5
+#: Share of the target the first round after the arrivals stop catches up to,
+#: in the strata with at least `CATCH_UP_MIN_LABELS` labels (their spread then
+#: comes from the labels, not from the scores).
+CATCH_UP_SHARE = 0.97
+CATCH_UP_MIN_LABELS = 30
 #: A stream is taken to have stopped for this chunk after a silence of this
 #: many mean inter-arrival gaps (a Poisson stream is silent that long with
 #: probability e^-20) ...
@@ -161,15 +170,18 @@ def budget_allowance(max_per_hour: int, seconds_into_hour) -> np.ndarray:
 
 
 def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, delta: float, confidence: float,
-                  round_labels: int, rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  round_labels: int, rng: np.random.Generator | None = None, closed=False
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """One decision of the request loop for one chunk (or many runs at once).
 
     Returns ``(tau, want)``: the paced thresholds (while `flowing`) and the
-    extra labels per stratum of an online OPT round (``opt_track``, `round_labels`
-    labels) where the arrivals have stopped, the previous round is complete
-    (`round_ready`: nothing pending) and the chunk has not `converged`.  The
-    caller turns ``want`` into higher thresholds by taking the next-lowest
-    priorities of each stratum (`threshold_after`).
+    extra labels per stratum of a round where the arrivals have stopped, the
+    previous round is complete (`round_ready`: nothing pending) and the chunk
+    has not `converged`: an online OPT round (``opt_track``, `round_labels`
+    labels), or more where a stratum with `CATCH_UP_MIN_LABELS` labels is
+    short of `CATCH_UP_SHARE` of its target (`catch_up`).  The caller turns
+    ``want`` into higher thresholds by taking the next-lowest priorities of
+    each stratum (`threshold_after`).
     """
     from .allocation import allocate  # local: allocation imports estimator, as does this module
 
@@ -180,8 +192,29 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     tau = np.where(flowing, paced, np.asarray(tau, dtype=float))
     want = allocate("opt_track", N=N, n=n, h=h, q=q, D=round_labels, round_index=0,
                     rng=rng or np.random.default_rng(0), with_replacement=False)
+    want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed))
     do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
     return tau, np.where(do_round[..., None], want, 0)
+
+
+def catch_up(N, n, h, q, delta: float, confidence: float, closed=False) -> np.ndarray:
+    """Labels per stratum that bring a stratum with at least `CATCH_UP_MIN_LABELS`
+    labels to `CATCH_UP_SHARE` of its target (`target_labels`, with the finite
+    population correction once the chunk is `closed`): after a paced stream the
+    first round takes most of what is missing at once instead of two labels per
+    stratum per round; strata with fewer labels, and a burst with none, get
+    ordinary rounds.  The spread comes from the labels alone (the score prior
+    of a miscalibrated classifier would overshoot, and a threshold is never
+    lowered)."""
+    N = np.asarray(N, dtype=float)
+    n = np.asarray(n, dtype=float)
+    closed = np.asarray(closed, dtype=bool)[..., None]
+    p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
+    target = np.where(closed, target_labels(N, n, h, p, delta, confidence, fpc=True),
+                      target_labels(N, n, h, p, delta, confidence))
+    short = np.ceil(CATCH_UP_SHARE * target - n)
+    room = np.maximum(N - n, 0.0)
+    return np.where(n >= CATCH_UP_MIN_LABELS, np.clip(short, 0.0, room), 0.0).astype(np.int64)
 
 
 def threshold_after(tau: float, free_priorities, extra: int) -> float:
