@@ -56,10 +56,20 @@ TOPIC_DEAD_LETTER = "stratameter.dead-letter"
 # --------------------------------------------------------------------------- limits
 
 #: classifier ids: 1-128 characters of this set (they end up in Redis keys and metric labels).
+#: The rule is `is_classifier_id`; `CLASSIFIER_ID_RULE` says it in words (error messages).
 CLASSIFIER_ID_CHARS = "A-Za-z0-9._:-"
 MAX_CLASSIFIER_ID_CHARS = 128
-CLASSIFIER_ID_PATTERN = rf"^[{CLASSIFIER_ID_CHARS}]{{1,{MAX_CLASSIFIER_ID_CHARS}}}$"
-CLASSIFIER_ID_RE = re.compile(rf"[{CLASSIFIER_ID_CHARS}]{{1,{MAX_CLASSIFIER_ID_CHARS}}}")  # use .fullmatch
+CLASSIFIER_ID_RULE = f"1-{MAX_CLASSIFIER_ID_CHARS} characters of [{CLASSIFIER_ID_CHARS}]"
+CLASSIFIER_ID_PATTERN = rf"^[{CLASSIFIER_ID_CHARS}]{{1,{MAX_CLASSIFIER_ID_CHARS}}}$"  # JSON schema / pydantic
+_CLASSIFIER_ID_RE = re.compile(rf"[{CLASSIFIER_ID_CHARS}]{{1,{MAX_CLASSIFIER_ID_CHARS}}}")
+
+
+def is_classifier_id(value: object) -> bool:
+    """The classifier-id rule: a string of `CLASSIFIER_ID_RULE` (the parsers, the HTTP API, request
+    ids, per-classifier settings and the models all apply this one)."""
+    return (type(value) is str and len(value) <= MAX_CLASSIFIER_ID_CHARS
+            and _CLASSIFIER_ID_RE.fullmatch(value) is not None)
+
 MAX_ITEM_ID_CHARS = 512
 MAX_REQUEST_ID_CHARS = 256
 MAX_LABELER_ID_CHARS = 256
@@ -80,6 +90,18 @@ MAX_EPOCH_MS = 253_402_300_799_999
 #: year 5138 reads the same either way it is sent.
 EPOCH_MS_FROM = 100_000_000_000
 
+# --------------------------------------------------------------------------- label outcomes
+
+#: What became of one label record (the ``outcome`` of ``stratameter_labels_total``, the API's
+#: ``labels_by_outcome``): folded into the counts (``accepted``; ``skipped`` for ``label: null``),
+#: or not folded and dead-lettered with the reason `LABEL_OUTCOME_REJECTS` gives.
+LABEL_OUTCOMES = ("accepted", "skipped", "duplicate", "unknown", "expired")
+#: The outcomes whose label was folded into the counts.
+FOLDED_OUTCOMES = ("accepted", "skipped")
+#: Dead-letter reason of each outcome that is not folded (``unknown``: the request id names no
+#: request the service knows).
+LABEL_OUTCOME_REJECTS = {"duplicate": "duplicate", "unknown": "unknown_request", "expired": "expired"}
+
 # --------------------------------------------------------------------------- reject reasons
 
 #: Reject / dead-letter reason codes.  ``<field>`` stands for the field name,
@@ -93,7 +115,7 @@ REJECT_REASONS: dict[str, str] = {
     "missing_field:<field>": "a required field is absent (or null where null is not allowed)",
     "wrong_type:<field>": "a field has the wrong JSON type (a string or boolean where a number is expected, ...)",
     "not_finite:score": "the score is NaN, +-Infinity, or outside the double range (e.g. 1e999)",
-    "bad_classifier_id": f"classifier_id is not 1-{MAX_CLASSIFIER_ID_CHARS} characters of [{CLASSIFIER_ID_CHARS}]",
+    "bad_classifier_id": f"classifier_id is not {CLASSIFIER_ID_RULE}",
     "bad_item_id": f"item_id is empty or longer than {MAX_ITEM_ID_CHARS} characters",
     "bad_event_time": "event_time is neither an RFC 3339 time with offset nor a finite, non-negative epoch number "
                       "(seconds below 1e11, else milliseconds) up to year 9999",
@@ -266,7 +288,7 @@ def _check_context(value: dict[str, Any] | None) -> dict[str, Any] | None:
 ClassifierId = Annotated[
     StrictStr,
     StringConstraints(min_length=1, max_length=MAX_CLASSIFIER_ID_CHARS, pattern=CLASSIFIER_ID_PATTERN),
-    Field(description=f"1-{MAX_CLASSIFIER_ID_CHARS} characters of [{CLASSIFIER_ID_CHARS}]",
+    Field(description=CLASSIFIER_ID_RULE,
           examples=["fraud-v3"]),
 ]
 ItemId = Annotated[

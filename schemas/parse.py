@@ -1,42 +1,48 @@
-"""Fast batch parsers and serializers for the wire contract (the consumers' hot path).
+"""The wire codec: every message on stratameter's topics is decoded and encoded here.
 
-`parse_scores` and `parse_labels` turn a poll's worth of Kafka values into
-columns (numpy arrays and lists) plus a list of `Reject` records, applying the rules
-of the models in `schemas.messages` without building a model per record: one
-``orjson.loads`` per record and plain type checks.  They never raise on record
-content; every input index ends up either in ``batch.index`` or in a reject.
+Inbound, a poll's worth of Kafka values at a time (the consumers' hot path):
+`parse_scores` and `parse_labels` turn the values into columns (numpy arrays and
+lists) plus a list of `Reject` records, applying the rules of the models in
+`schemas.messages` without building a model per record.  They never raise on
+record content; every input index ends up either in ``batch.index`` or in a reject.
 
-A record that orjson cannot parse is parsed again by the standard library
-(slow path, only for bad records) so that e.g. ``"score": 1e999`` or
-``"score": NaN`` is reported as ``not_finite:score`` rather than as a generic
-``invalid_json``; it is rejected either way.
+Each value is decoded and type-checked in one pass by msgspec into a `msgspec.Struct`
+(`_ScoreWire`, `_LabelWire`: JSON types, string lengths, a finite score); the few
+rules a struct cannot say (the classifier id, event times, the context's compact size,
+the event-time window) follow in a short loop.  Everything the fast path does not
+accept is set aside and diagnosed by the reference rules (`_score_row`, `_label_row`,
+on ``orjson.loads``), which give each rejected record its reason code and a detail
+naming the field.  A record that orjson cannot parse is parsed again by the standard
+library (only for bad records) so that e.g. ``"score": 1e999`` or ``"score": NaN`` is
+reported as ``not_finite:score`` rather than as a generic ``invalid_json``.
 
 `parse_scores` also applies the service's event-time window when its caller
 passes one (`event_time_window`, computed per batch from the wall clock): an
 event time after the window is ``event_time_in_future``, before it
 ``event_time_too_late``.
 
-`label_request_bytes` and `dead_letter_record` serialize the outbound
-messages with orjson.
+Outbound: `label_request_bytes` and `dead_letter_record` serialize the service's
+messages; `score_record_bytes` and `label_record_bytes` the ones producers send (the
+benchmark, tools, tests).  `decode_label_request` and `decode_dead_letter` read the
+service's messages back, checked against their models.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
+import msgspec
 import numpy as np
 import orjson
 
 from .messages import (
-    CLASSIFIER_ID_CHARS,
-    CLASSIFIER_ID_RE,
-    MAX_CLASSIFIER_ID_CHARS,
+    CLASSIFIER_ID_RULE,
     MAX_CONTEXT_BYTES,
     MAX_DEAD_LETTER_DETAIL_BYTES,
     MAX_DEAD_LETTER_KEY_BYTES,
@@ -48,9 +54,12 @@ from .messages import (
     EPOCH_MS_FROM,
     MAX_EPOCH_MS,
     MIN_EPOCH_MS,
+    DeadLetter,
+    LabelRequest,
     event_time_to_ms,
     event_time_window,
     format_time,
+    is_classifier_id,
     time_to_ms,
     to_epoch_ms,
 )
@@ -61,10 +70,14 @@ __all__ = [
     "Reject",
     "ScoreBatch",
     "dead_letter_record",
+    "decode_dead_letter",
+    "decode_label_request",
     "event_time_window",
+    "label_record_bytes",
     "label_request_bytes",
     "parse_labels",
     "parse_scores",
+    "score_record_bytes",
 ]
 
 #: threshold for classifiers missing from a `threshold_for` mapping
@@ -73,8 +86,47 @@ DEFAULT_THRESHOLD = 0.5
 _MISSING = object()
 #: a window that accepts every valid event time (`parse_scores` without a window)
 _ANY_TIME = (-(2**63), 2**63 - 1)
-_SCORE_REQUIRED = itemgetter("classifier_id", "item_id", "score")
-_LABEL_REQUIRED = itemgetter("request_id", "label")
+_DOUBLE_MAX = sys.float_info.max
+
+
+class _ScoreWire(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A score record as the fast path decodes it: JSON types, item_id length and a finite
+    score checked in the one decoding pass.  The classifier id, the event time, the context's
+    compact size and the event-time window are checked in `parse_scores`."""
+
+    classifier_id: str
+    item_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ITEM_ID_CHARS)]
+    score: Annotated[float, msgspec.Meta(ge=-_DOUBLE_MAX, le=_DOUBLE_MAX)]  # an integer is read as a float
+    predicted_positive: bool | None = None
+    event_time: int | float | str | None = None
+    context: dict[str, Any] | None = None
+
+
+class _LabelWire(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A label record as the fast path decodes it (``labeled_at`` is checked in `parse_labels`)."""
+
+    request_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]
+    label: bool | None  # required; null = skipped
+    labeler_id: Annotated[str, msgspec.Meta(max_length=MAX_LABELER_ID_CHARS)] | None = None
+    labeled_at: int | float | str | None = None
+
+
+class _ScoreWireExtra(_ScoreWire, forbid_unknown_fields=False):
+    """`_ScoreWire` for a record with fields of the producer's own (ignored)."""
+
+
+class _LabelWireExtra(_LabelWire, forbid_unknown_fields=False):
+    """`_LabelWire` for a record with fields of the producer's own (ignored)."""
+
+
+# A record with a field the struct does not declare fails the strict decoder; it is then
+# decoded by the ``...Extra`` struct, but only after ``orjson.loads`` accepted the whole value:
+# msgspec skips an unknown field without reading it (invalid UTF-8 or a number out of the
+# double range there would pass), and the contract rejects such a value as ``invalid_json``.
+_decode_score = msgspec.json.Decoder(_ScoreWire).decode
+_decode_score_extra = msgspec.json.Decoder(_ScoreWireExtra).decode
+_decode_label = msgspec.json.Decoder(_LabelWire).decode
+_decode_label_extra = msgspec.json.Decoder(_LabelWireExtra).decode
 
 
 class Reject(NamedTuple):
@@ -87,7 +139,12 @@ class Reject(NamedTuple):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ScoreBatch:
-    """Accepted score records as columns; row ``j`` came from input position ``index[j]``."""
+    """Accepted score records as columns; row ``j`` came from input position ``index[j]``.
+
+    A context is kept as text (``str``), not as the ``bytes`` orjson returns: a batch keeps
+    thousands of them alive, and orjson's output buffers, kept, come from fresh memory pages
+    (a page fault each few records, about 0.4 us a record on the benchmark's machine), while
+    short strings come from Python's small-object allocator."""
 
     index: np.ndarray                   # int64
     classifier_id: list[str]
@@ -95,7 +152,7 @@ class ScoreBatch:
     score: np.ndarray                   # float64, finite
     predicted_positive: np.ndarray      # bool, resolved against the classifier's threshold
     event_time_ms: np.ndarray           # int64
-    context: list[bytes | None]         # compact JSON object bytes, or None
+    context: list[str | None]           # the object as compact JSON text (orjson's), or None
 
     def __len__(self) -> int:
         return len(self.classifier_id)
@@ -233,9 +290,8 @@ def _check_classifier_id(r: dict) -> tuple[str, str] | None:
         return _absent(r, "classifier_id", "a string")
     if type(cid) is not str:
         return "wrong_type:classifier_id", f"classifier_id: expected a string, got {_jtype(cid)}"
-    if len(cid) > MAX_CLASSIFIER_ID_CHARS or CLASSIFIER_ID_RE.fullmatch(cid) is None:
-        return ("bad_classifier_id", f"classifier_id: {_show(cid)} is not 1-{MAX_CLASSIFIER_ID_CHARS} "
-                f"characters of [{CLASSIFIER_ID_CHARS}]")
+    if not is_classifier_id(cid):
+        return "bad_classifier_id", f"classifier_id: {_show(cid)} is not {CLASSIFIER_ID_RULE}"
     return None
 
 
@@ -256,9 +312,10 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float], window: tuple
     """The full rule set for one parsed score record.
 
     Returns ``(reason, detail)`` for a reject, else the 6-tuple row
-    ``(classifier_id, item_id, score, predicted_positive, event_time_ms, context_bytes)``.
+    ``(classifier_id, item_id, score, predicted_positive, event_time_ms, context_json)``.
     The event-time window is checked last: a record outside it is otherwise valid.
-    This is the reference; the loop in `parse_scores` only inlines its common case.
+    This is the reference: the fast path of `parse_scores` (`_ScoreWire` and its loop) accepts
+    exactly what it accepts, and it names the reason of every record the fast path sets aside.
     """
     if type(r) is not dict:
         return "not_object", f"the value is a JSON {_jtype(r)}, not an object"
@@ -303,6 +360,7 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float], window: tuple
             return "context_too_large", f"context: cannot be serialized ({exc})"
         if len(ctx) > MAX_CONTEXT_BYTES:
             return "context_too_large", f"context: {len(ctx)} bytes serialized, more than {MAX_CONTEXT_BYTES}"
+        ctx = ctx.decode()
     outside = _outside_window(r, et, window)
     if outside:
         return outside
@@ -365,19 +423,16 @@ def parse_scores(
             thr = thresholds[cid] = float(resolve(cid))
         return thr
 
-    # Fast path: accepts exactly the valid records (the rules of `_score_row`,
-    # inlined); everything else is only noted in `bad` and diagnosed below.
-    # Accepted rows go flat into one list of untracked objects (str, float,
-    # bool, int, bytes): no per-record containers for the garbage collector.
+    # Fast path: accepts exactly the valid records (the rules of `_score_row`: the struct's
+    # types and limits, then the rest below); everything else is only noted in `bad` and
+    # diagnosed by `_settle`.  Accepted rows go flat into one list of untracked objects (str,
+    # float, bool, int): no per-record containers for the garbage collector.
     flat: list[Any] = []
     ext = flat.extend
     bad: list[int] = []
     note = bad.append
-    loads = orjson.loads
-    dumps = orjson.dumps
-    required = _SCORE_REQUIRED
+    decode, decode_extra, loads, dumps = _decode_score, _decode_score_extra, orjson.loads, orjson.dumps
     known = thresholds.get
-    valid_id = CLASSIFIER_ID_RE.fullmatch
     lo, hi = EPOCH_MS_FROM, MAX_EPOCH_MS  # an int event_time in here is epoch ms as it is
     to_ms = event_time_to_ms
     for i, v, ts in zip(range(n), values, timestamps_ms):
@@ -385,38 +440,49 @@ def parse_scores(
             note(i)
             continue
         try:
-            r = loads(v)
-            cid, item, s = required(r)
-            thr = known(cid)  # only valid ids (str) are keys; an unhashable id raises TypeError
-        except Exception:  # invalid JSON, not an object, a required field missing, ...
+            r = decode(v)
+        except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
+            try:
+                loads(v)
+                r = decode_extra(v)
+            except Exception:
+                note(i)
+                continue
+        except Exception:  # not JSON, not an object, ...
             note(i)
             continue
-        if thr is None and type(cid) is str and len(cid) <= MAX_CLASSIFIER_ID_CHARS and valid_id(cid):
+        cid = r.classifier_id
+        thr = known(cid)  # only valid ids are keys
+        if thr is None:
+            if not is_classifier_id(cid):
+                note(i)
+                continue
             thr = threshold(cid)
-        if (thr is not None and type(item) is str and 0 < len(item) <= MAX_ITEM_ID_CHARS
-                and (type(s) is float and s - s == 0.0 or type(s) is int)):
-            if len(r) == 3 and wlo <= ts <= whi:  # no optional fields
-                ext((cid, item, s, s >= thr, ts, None))
-                continue
-            pp = r.get("predicted_positive")
-            if pp is None:
-                pp = s >= thr
-            et = r.get("event_time")
+        et = r.event_time
+        if et is None:
+            et = ts
+        elif type(et) is not int or not lo <= et <= hi:
+            et = to_ms(et)
             if et is None:
-                et = ts
-            elif type(et) is not int or not lo <= et <= hi:
-                et = to_ms(et)
-            ctx = r.get("context")
-            if type(ctx) is dict:
-                try:
-                    ctx = dumps(ctx)
-                except orjson.JSONEncodeError:
-                    ctx = 0
-            if (type(pp) is bool and et is not None and wlo <= et <= whi
-                    and (ctx is None or type(ctx) is bytes and len(ctx) <= MAX_CONTEXT_BYTES)):
-                ext((cid, item, s, pp, et, ctx))
+                note(i)
                 continue
-        note(i)
+        if not wlo <= et <= whi:
+            note(i)
+            continue
+        ctx = r.context
+        if ctx is not None:
+            try:
+                ctx = dumps(ctx)
+            except orjson.JSONEncodeError:  # nested too deeply, an integer beyond 64 bits
+                note(i)
+                continue
+            if len(ctx) > MAX_CONTEXT_BYTES:
+                note(i)
+                continue
+            ctx = ctx.decode()  # see `ScoreBatch.context`
+        s = r.score
+        pp = r.predicted_positive
+        ext((cid, r.item_id, s, s >= thr if pp is None else pp, et, ctx))
 
     index, flat, rejects = _settle(n, bad, flat, 6, values, max_bytes,
                                    lambda r, i: _score_row(r, timestamps_ms[i], threshold, window))
@@ -516,33 +582,33 @@ def parse_labels(
     ext = flat.extend
     bad: list[int] = []
     note = bad.append
-    loads = orjson.loads
-    required = _LABEL_REQUIRED
+    decode, decode_extra, loads = _decode_label, _decode_label_extra, orjson.loads
     lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
     for i, v, ts in zip(range(n), values, timestamps_ms):
         if not v or len(v) > max_bytes:
             note(i)
             continue
         try:
-            r = loads(v)
-            rid, label = required(r)
-        except Exception:  # invalid JSON, not an object, a required field missing
+            r = decode(v)
+        except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
+            try:
+                loads(v)
+                r = decode_extra(v)
+            except Exception:
+                note(i)
+                continue
+        except Exception:  # not JSON, not an object, ...
             note(i)
             continue
-        if type(rid) is str and 0 < len(rid) <= MAX_REQUEST_ID_CHARS and (label is None or type(label) is bool):
-            if len(r) == 2:
-                ext((rid, label, None, ts))
-                continue
-            who = r.get("labeler_id")
-            at = r.get("labeled_at")
+        at = r.labeled_at
+        if at is None:
+            at = ts
+        elif type(at) is not int or not lo <= at <= hi:
+            at = time_to_ms(at)
             if at is None:
-                at = ts
-            elif type(at) is not int or not lo <= at <= hi:
-                at = time_to_ms(at)
-            if at is not None and (who is None or type(who) is str and len(who) <= MAX_LABELER_ID_CHARS):
-                ext((rid, label, who, at))
+                note(i)
                 continue
-        note(i)
+        ext((r.request_id, r.label, r.labeler_id, at))
 
     index, flat, rejects = _settle(n, bad, flat, 4, values, max_bytes, lambda r, i: _label_row(r, timestamps_ms[i]))
     batch = LabelBatch(
@@ -570,23 +636,25 @@ def label_request_bytes(
     stratum: int,
     requested_at: datetime | float,
     expires_at: datetime | float,
-    context: bytes | Mapping[str, Any] | None = None,
+    context: str | bytes | Mapping[str, Any] | None = None,
 ) -> bytes:
     """Serialize a `schemas.messages.LabelRequest` value (produce it with key = classifier_id).
 
     `requested_at` / `expires_at`: aware `datetime` (naive = UTC) or epoch
     *seconds* as from `time.time()`; written as RFC 3339 UTC with milliseconds.
-    `context`: the compact JSON bytes from `ScoreBatch.context` (embedded as
-    they are, not re-parsed: they must be a serialized JSON object), a mapping,
-    or None.
+    `context`: the compact JSON text from `ScoreBatch.context` (or its bytes; embedded
+    as it is, not re-parsed: it must be a serialized JSON object), a mapping, or None.
     """
     score = float(score)
     if score - score != 0.0:
         raise ValueError(f"score must be finite, got {score!r}")
-    if isinstance(context, (bytes, bytearray, memoryview)):
+    if isinstance(context, str):
+        context = orjson.Fragment(context)
+    elif isinstance(context, (bytes, bytearray, memoryview)):
         context = orjson.Fragment(bytes(context))
     elif context is not None and not isinstance(context, Mapping):
-        raise TypeError(f"context must be JSON object bytes, a mapping or None, got {type(context).__name__}")
+        raise TypeError(f"context must be a JSON object's text or bytes, a mapping or None, got "
+                        f"{type(context).__name__}")
     return orjson.dumps({
         "request_id": request_id,
         "classifier_id": classifier_id,
@@ -646,3 +714,48 @@ def dead_letter_record(
         "rejected_at": _time_str(now),
         "truncated": cut_value or cut_key,
     })
+
+
+def decode_label_request(value: bytes | str) -> LabelRequest:
+    """A ``stratameter.label-requests`` value, checked against `LabelRequest` (raises
+    `pydantic.ValidationError`): for labelling tools and tests."""
+    return LabelRequest.model_validate_json(value)
+
+
+def decode_dead_letter(value: bytes | str) -> DeadLetter:
+    """A ``stratameter.dead-letter`` value, checked against `DeadLetter` (raises
+    `pydantic.ValidationError`)."""
+    return DeadLetter.model_validate_json(value)
+
+
+def score_record_bytes(
+    classifier_id: str,
+    item_id: str,
+    score: float,
+    predicted_positive: bool | None = None,
+    event_time: str | int | float | None = None,
+    context: Mapping[str, Any] | None = None,
+) -> bytes:
+    """Serialize a `schemas.messages.ScoreRecord` value (what a producer sends to
+    ``stratameter.scores``); optional fields that are None are left out.  Not checked:
+    the service's parser is the judge of what it accepts."""
+    doc: dict[str, Any] = {"classifier_id": classifier_id, "item_id": item_id, "score": score}
+    if predicted_positive is not None:
+        doc["predicted_positive"] = predicted_positive
+    if event_time is not None:
+        doc["event_time"] = event_time
+    if context is not None:
+        doc["context"] = context
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def label_record_bytes(request_id: str, label: bool | None, labeler_id: str | None = None,
+                       labeled_at: str | int | float | None = None) -> bytes:
+    """Serialize a `schemas.messages.LabelRecord` value (an answer to a label request);
+    ``label`` None means skipped and is sent as null; the optional fields are left out when None."""
+    doc: dict[str, Any] = {"request_id": request_id, "label": label}
+    if labeler_id is not None:
+        doc["labeler_id"] = labeler_id
+    if labeled_at is not None:
+        doc["labeled_at"] = labeled_at
+    return orjson.dumps(doc)

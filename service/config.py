@@ -66,12 +66,13 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from schemas.messages import (
-    CLASSIFIER_ID_RE,
+    CLASSIFIER_ID_RULE,
     TOPIC_DEAD_LETTER,
     TOPIC_LABEL_REQUESTS,
     TOPIC_LABELS,
     TOPIC_SCORES,
     event_time_window,
+    is_classifier_id,
 )
 
 from .stats.allocation import ALLOCATIONS
@@ -671,8 +672,8 @@ def _load_overrides(path: Path, defaults: ClassifierConfig) -> dict[str, Classif
     out: dict[str, ClassifierConfig] = {}
     errors: list[tuple[str, str]] = []
     for cid, over in doc.items():
-        if not (len(cid) <= 128 and CLASSIFIER_ID_RE.fullmatch(cid)):
-            errors.append((var, f"{cid!r} is not a classifier id (1-128 characters of [A-Za-z0-9._:-])"))
+        if not is_classifier_id(cid):
+            errors.append((var, f"{cid!r} is not a classifier id ({CLASSIFIER_ID_RULE})"))
             continue
         if not isinstance(over, dict):
             errors.append((var, f"{cid}: must be an object of settings, got {type(over).__name__}"))

@@ -208,11 +208,11 @@ def test_context_limit_is_on_compact_size():
     pad = MAX_CONTEXT_BYTES - len(b'{"k":""}')
     exact = {"k": "x" * pad}
     assert len(orjson.dumps(exact)) == MAX_CONTEXT_BYTES
-    assert accepted(enc(context=exact))["context"] == orjson.dumps(exact)
+    assert accepted(enc(context=exact))["context"] == orjson.dumps(exact).decode()
     assert reason(enc(context={"k": "x" * (pad + 1)})) == "context_too_large"
     # whitespace in the original does not count: the context is re-serialized compactly
     spaced = b'{"classifier_id":"a","item_id":"b","score":1,"context":{ "k" :  "' + b"x" * pad + b'" } }'
-    assert accepted(spaced)["context"] == orjson.dumps(exact)
+    assert accepted(spaced)["context"] == orjson.dumps(exact).decode()
 
 
 # --------------------------------------------------------------------------- score acceptance
@@ -294,7 +294,7 @@ def test_event_time_forms(event_time, ms):
 
 def test_unknown_fields_are_ignored():
     got = accepted(enc(model_version="7", extra={"a": [1, 2]}, context={"country": "DE", "amount": 12.5}))
-    assert got["context"] == b'{"country":"DE","amount":12.5}'
+    assert got["context"] == '{"country":"DE","amount":12.5}'
 
 
 def test_mixed_batch_partitions_in_order():
@@ -305,7 +305,7 @@ def test_mixed_batch_partitions_in_order():
     assert batch.index.tolist() == [0, 4, 5]
     assert batch.item_id == ["0", "4", "5"]
     assert batch.event_time_ms.tolist() == [TS, TS + 4, 1_718_007_200_000]
-    assert batch.context == [None, None, b'{"a":1}']
+    assert batch.context == [None, None, '{"a":1}']
     assert [(r.index, r.reason) for r in rejects] == [
         (1, "tombstone"), (2, "invalid_json"), (3, "wrong_type:score"), (6, "tombstone"), (7, "bad_classifier_id")]
     assert batch.index.dtype == np.int64 and batch.score.dtype == np.float64
@@ -457,7 +457,7 @@ def test_parse_scores_agrees_with_the_model(record, threshold, window):
     assert batch.score[0] == model.score
     assert bool(batch.predicted_positive[0]) == model.is_positive(threshold)
     assert int(batch.event_time_ms[0]) == model.event_time_ms(TS)
-    assert batch.context == [None if model.context is None else orjson.dumps(model.context)]
+    assert batch.context == [None if model.context is None else orjson.dumps(model.context).decode()]
 
 
 @st.composite
@@ -526,6 +526,125 @@ def test_parse_labels_never_raises_and_partitions(values):
     batch, rejects = parse_labels(values, [TS] * len(values))
     _check_partition(len(values), batch, rejects)
     assert len(batch.request_id) == len(batch.label) == len(batch.labeler_id) == len(batch.labeled_at_ms)
+
+
+# --------------------------------------------------------------------------- fast path == reference, on any bytes
+# The fast path decodes with msgspec, the reference with orjson: these feed both the same raw
+# bytes (not only orjson's own output), with the things the two libraries could read differently.
+
+_HAZARDS = [b"1e999", b"-1e999", b"9" * 400, b'"\xff"', b'"\\ud800"', b"NaN", b"Infinity", b"[" * 300 + b"]" * 300,
+            b"123456789012345678901234567890", b"-9223372036854775809", b"18446744073709551615", b"-0", b"1E2",
+            b"0.1e-400", b'"\\u00e9"', b'"a\\nb"', b"{}", b"[]", b"null", b"true", b"", b"1.", b"01"]
+_ws = st.sampled_from([b"", b" ", b"\n", b"\t ", b"\r\n  "])
+
+
+@st.composite
+def _raw_values(draw, fields: dict) -> bytes:
+    """A JSON object as bytes: each field's value from its strategy (as orjson writes it) or
+    a hazard, keys in any order, some repeated, fields of the producer's own, any whitespace."""
+    pairs = []
+    for name, (valid, anything) in fields.items():
+        for _ in range(draw(st.sampled_from([1, 1, 1, 1, 0, 2]))):
+            value = draw(st.one_of(valid, anything))
+            if value is ...:
+                continue
+            raw = orjson.dumps(value) if draw(st.integers(0, 9)) else draw(st.sampled_from(_HAZARDS))
+            pairs.append((orjson.dumps(name), raw))
+    for _ in range(draw(st.integers(0, 2))):
+        pairs.append((orjson.dumps(draw(st.sampled_from(["extra", "model_version", "é", ""]))),
+                      draw(st.one_of(st.sampled_from(_HAZARDS), st.builds(orjson.dumps, _json)))))
+    pairs = draw(st.permutations(pairs))
+    w = lambda: draw(_ws)  # noqa: E731
+    body = b",".join(w() + k + w() + b":" + w() + v + w() for k, v in pairs)
+    return w() + b"{" + body + b"}" + w()
+
+
+def _reference(value, row) -> tuple:
+    return parse_mod._diagnose(value, parse_mod.MAX_RECORD_BYTES, row)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_raw_values(_FIELDS), st.floats(-10, 10), _windows)
+@example(b'{"classifier_id":"a","item_id":"b","score":0.5,"x":"\xff"}', 0.5, None)
+@example(b'{"classifier_id":"a","item_id":"b","score":0.5,"x":1e999}', 0.5, None)
+@example(b'{"classifier_id":"a","item_id":"b","score":"x","score":0.7}', 0.5, None)
+@example(b'{"classifier_id":"a","item_id":"b","score":1,"context":{"k":123456789012345678901234567890}}', 0.5, None)
+def test_parse_scores_agrees_with_the_reference_on_raw_bytes(value, threshold, window):
+    batch, rejects = parse_scores([value], [TS], threshold, window=window)
+    ref = _reference(value, lambda r: parse_mod._score_row(r, TS, lambda cid: threshold,
+                                                           parse_mod._ANY_TIME if window is None else window))
+    if len(ref) == 2:
+        assert len(batch) == 0 and rejects == [Reject(0, *ref)], (value, ref)
+        return
+    assert rejects == [], (value, rejects)
+    got = (batch.classifier_id[0], batch.item_id[0], float(batch.score[0]), bool(batch.predicted_positive[0]),
+           int(batch.event_time_ms[0]), batch.context[0])
+    cid, item, score, pp, et, ctx = ref
+    assert got == (cid, item, float(score), bool(pp), et, ctx), value
+
+
+_LABEL_FIELDS = {
+    "request_id": (st.text(min_size=1, max_size=5), st.one_of(st.text(min_size=255, max_size=258), _int64, st.none())),
+    "label": (st.one_of(st.booleans(), st.none()), st.one_of(st.integers(0, 1), st.text(max_size=4), _absent)),
+    "labeler_id": (st.one_of(st.text(max_size=5), st.none(), _absent), st.one_of(st.text(min_size=255, max_size=258),
+                                                                                _int64)),
+    "labeled_at": (st.one_of(_times, _absent), _times),
+}
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_raw_values(_LABEL_FIELDS))
+@example(b'{"request_id":"r","label":true,"x":"\xff"}')
+@example(b'{"request_id":"r","label":true,"x":-1e999}')
+@example(b'{"request_id":"r","label":1,"label":null}')
+def test_parse_labels_agrees_with_the_reference_on_raw_bytes(value):
+    batch, rejects = parse_labels([value], [TS])
+    ref = _reference(value, lambda r: parse_mod._label_row(r, TS))
+    if len(ref) == 2:
+        assert len(batch) == 0 and rejects == [Reject(0, *ref)], (value, ref)
+        return
+    assert rejects == [], (value, rejects)
+    assert (batch.request_id[0], batch.label[0], batch.labeler_id[0], int(batch.labeled_at_ms[0])) == ref
+
+
+@pytest.mark.parametrize("value, code", [
+    # msgspec skips a field it does not know without reading it; the contract still rejects these
+    (b'{"classifier_id":"a","item_id":"b","score":0.5,"x":"\xff"}', "invalid_json"),
+    (b'{"classifier_id":"a","item_id":"b","score":0.5,"x":1e999}', "invalid_json"),
+    (b'{"classifier_id":"a","item_id":"b","score":0.5,"x":[' + b"9" * 400 + b"]}", "invalid_json"),
+    (b'{"classifier_id":"a","item_id":"b","score":0.5,"x":"\\ud800"}', "invalid_json"),
+    (b'{"classifier_id":"a","item_id":"b","score":0.5,"x":1,"score":"0.5"}', "wrong_type:score"),  # the last wins
+])
+def test_fields_of_the_producers_own_are_still_read_strictly(value, code):
+    assert reason(value) == code
+
+
+def test_repeated_keys_and_whitespace_read_as_the_reference_reads_them():
+    assert accepted(b'{"classifier_id":"a","item_id":"b","score":"x","score":0.75}')["score"] == 0.75
+    assert accepted(b' {\n "classifier_id" : "a" ,\t"item_id":"b", "score": 1E0 } \n')["score"] == 1.0
+    # an integer beyond 64 bits in a context: a float to orjson, so to the service too
+    got = accepted(b'{"classifier_id":"a","item_id":"b","score":1,"context":{"n":123456789012345678901234567890}}')
+    assert got["context"] == '{"n":1.2345678901234568e+29}'
+
+
+def test_codec_round_trips_every_message():
+    raw = parse_mod.score_record_bytes("fraud-v3", "txn-1", 0.7, event_time=TS, context={"k": "v"})
+    assert accepted(raw) == {"classifier_id": "fraud-v3", "item_id": "txn-1", "score": 0.7,
+                             "predicted_positive": True, "event_time_ms": TS, "context": '{"k":"v"}'}
+    assert orjson.loads(parse_mod.score_record_bytes("a", "b", np.float64(0.25))) == {
+        "classifier_id": "a", "item_id": "b", "score": 0.25}
+    batch, rejects = parse_labels([parse_mod.label_record_bytes("fraud-v3/t", None, "ann", "2024-06-10T08:13:20Z"),
+                                   parse_mod.label_record_bytes("fraud-v3/u", True)], [TS, TS])
+    assert rejects == [] and batch.label == [None, True] and batch.labeler_id == ["ann", None]
+    assert batch.labeled_at_ms.tolist() == [1_718_007_200_000, TS]
+    req = parse_mod.decode_label_request(label_request_bytes("fraud-v3/t", "fraud-v3", "txn-1", 0.9, 1, 0, 1,
+                                                             b'{"k":"v"}'))
+    assert (req.request_id, req.stratum, req.requested_at, req.context) == (
+        "fraud-v3/t", 1, "1970-01-01T00:00:00.000Z", {"k": "v"})
+    dead = parse_mod.decode_dead_letter(dead_letter_record(b"{", None, TOPIC_SCORES, 0, 7, "invalid_json", "d", 0))
+    assert (dead.offset, dead.reason) == (7, "invalid_json")
+    with pytest.raises(ValidationError):
+        parse_mod.decode_label_request(b'{"request_id":"r"}')
 
 
 # --------------------------------------------------------------------------- times

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from urllib.parse import unquote
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from schemas.messages import CLASSIFIER_ID_RULE, is_classifier_id
+
 from . import views
 
 log = logging.getLogger("stratameter.http")
 
-_CLASSIFIER = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MAX_REQUEST_BYTES = 8192
 
 
@@ -54,8 +54,8 @@ async def route(service, method: str, path: str) -> bytes:
         return _response(200, orjson.dumps(await service.store.classifiers()))
     if path.startswith("/v1/classifiers/"):
         cid = unquote(path[len("/v1/classifiers/"):])
-        if not _CLASSIFIER.fullmatch(cid):
-            return _error(400, "classifier id must be 1-128 chars of [A-Za-z0-9._:-]")
+        if not is_classifier_id(cid):
+            return _error(400, f"classifier id must be {CLASSIFIER_ID_RULE}")
         doc = await views.classifier_view(service.store, cid, service.settings.for_classifier(cid))
         if doc is None:
             return _error(404, f"unknown classifier {cid!r}")

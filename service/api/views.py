@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from schemas.messages import format_time
+from schemas.messages import LABEL_OUTCOMES, format_time
 
 from ..state.store import ChunkState, Store
 from ..stats import streams
@@ -99,8 +99,7 @@ async def classifier_view(store: Store, cid: str, cfg) -> dict | None:
         "label_requests": int(counters.get("requests_total", 0)),
         "requests_expired": int(counters.get("requests_expired", 0)),
         "last_label_at": _iso(int(counters["last_label_ms"]) / 1000) if "last_label_ms" in counters else None,
-        "labels_by_outcome": {o: int(counters.get(f"labels_{o}", 0))
-                              for o in ("accepted", "skipped", "duplicate", "unknown", "expired")},
+        "labels_by_outcome": {o: int(counters.get(f"labels_{o}", 0)) for o in LABEL_OUTCOMES},
     }
     base = reported or {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None, "labels": 0,
                         "population": 0, "chunk": None, "strata": [], "rounds": 0, "status": "open", "closed": False}

@@ -10,22 +10,19 @@ the labels-partition offset (replays are no-ops).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
+from schemas.messages import LABEL_OUTCOMES as OUTCOMES  # the outcomes of one label record
+from schemas.messages import is_classifier_id
+
 from ..state.store import Store
-
-_CLASSIFIER = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-#: Outcomes of one label record, as in stratameter_labels_total{outcome}.
-OUTCOMES = ("accepted", "skipped", "duplicate", "unknown", "expired")
 
 
 def split_request_id(rid: str) -> str | None:
     """The classifier a request id belongs to, or None if it names none."""
     cid, sep, token = rid.partition("/")
-    if not sep or not token or not _CLASSIFIER.fullmatch(cid):
+    if not sep or not token or not is_classifier_id(cid):
         return None
     return cid
 
