@@ -200,7 +200,8 @@ def test_simulate_without_replacement_terminates_on_a_tiny_population(tmp_path, 
     assert all(r["labels_mean"] <= 40 for r in doc["methods"])
     doc = run_json(capsys, "--population", str(path), "--without-replacement", "--methods", "uni",
                    "--stratifications", "equal", "--runs", "20", "--budget", "60", "--workers", "1")
-    assert doc["methods"][1]["mse"] == pytest.approx(0.0, abs=1e-12)  # everything labelled: exact
+    # everything labelled: exact up to the fpc that never counts a stratum as fully known (54c64fc)
+    assert doc["methods"][1]["mse"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_simulate_population_file_and_table(tmp_path, capsys):
