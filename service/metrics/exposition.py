@@ -135,10 +135,10 @@ async def _snapshot(service) -> SnapshotCollector:
             views.append(v)
     if service.exports_global:
         invalid = await service.store.invalid_counts()
-        raw = await service.redis.hget(service.store.keys.global_stem + ":labels_unknown", "unknown")
+        unknown = await service.store.unknown_labels()
     else:
-        invalid, raw = {}, 0
-    return SnapshotCollector(views, invalid, int(raw or 0), dict(service.lag), service.dead_letters_dropped)
+        invalid, unknown = {}, 0
+    return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped)
 
 
 async def render(service) -> bytes:

@@ -1,56 +1,138 @@
-"""Redis key layout.  Every key of one classifier carries the hash tag ``{cid}``,
-so a classifier's state lives in one Redis Cluster slot and each atomic script
-touches one slot only; service-wide keys share the tag ``{_global}``.
+"""Redis key layout: every key name the service uses is built here, and only here.
 
-Per classifier ``P:{cid}:...``
-  meta                hash   first_seen_ms, scores_total, last_event_ms, owner lease fields
-  offsets:scores      hash   partition -> last applied offset of the scores topic
-  offsets:labels      hash   partition -> last applied offset of the labels topic
+Every key of one classifier carries the hash tag ``{cid}``, so a classifier's state lives
+in one Redis Cluster slot; service-wide keys share the tag ``{_global}``.  The Lua scripts
+(``lua/*.lua``) build no key: the store passes every key a script touches in KEYS, all
+in one slot (tests/test_state_keys.py checks both against a real Redis).
+
+Per classifier ``<prefix>:{cid}:...``
+  meta                hash   first_seen_ms, scores_total, last_event_ms (INGEST)
+  offsets:scores      hash   scores partition -> last applied offset (INGEST's guard)
+  offsets:labels      hash   labels partition -> last applied offset (LABEL's guard)
   chunks              zset   chunk id -> chunk id (chunks with data)
   c:<t>:meta          hash   cuts (JSON), cuts_version, provisional ("1" while the chunk has one
-                             stratum until RESTRATIFY), opened_ms, round, streak, status, ...
+                             stratum until RESTRATIFY), opened_ms, round, evaluated_round,
+                             streak, status (OPEN_CHUNK, EVALUATE_ROUND, the request loop);
+                             min, max (score range, repr), first_ms, last_ms (wall-clock time
+                             of the first and last arrival) (INGEST); tau (JSON, per stratum
+                             the inclusion threshold of the last requests, ISSUE)
   c:<t>:hist          hash   score bucket -> predicted positives (the sketch)
   c:<t>:N             hash   stratum -> predicted positives
-  c:<t>:n / :h        hash   stratum -> labels folded / positives among them
-  c:<t>:res:<k>       zset   priority -> item (bottom-k reservoir of stratum k)
+  c:<t>:n / c:<t>:h   hash   stratum -> labels folded / positives among them (LABEL)
+  c:<t>:res:<k>       zset   priority -> member {"i": item, "s": score, "x": context} (bottom-k
+                             reservoir of stratum k)
   c:<t>:pscores       hash   score (repr) -> predicted positives, only while provisional (exact
                              scores, so RESTRATIFY recomputes N; fewer than 25 x K entries)
-  c:<t>:sampled       set    item ids already requested in this chunk
-  c:<t>:replace       hash   stratum -> requests to replace (skipped / expired)
-  req:<rid>           hash   request: chunk, stratum, item_id, score, deadline_ms, state
-  pending             zset   request id -> deadline (ms)
-  counters            hash   label outcomes, requests issued/expired, last_label_ms
+  c:<t>:sampled       set    item ids already requested in this chunk (ISSUE)
+  c:<t>:replace       hash   stratum -> requests to replace (skipped by LABEL, expired by EXPIRE)
+  req:<rid>           hash   request: chunk, stratum, item (the reservoir member), round,
+                             requested_ms, deadline_ms, state (new, pending, answered, skipped,
+                             expired); once answered label, answered_ms, labeler.  Expires
+                             (PEXPIREAT) the request retention after its deadline
+  pending             zset   request id -> deadline (ms), requests not yet answered or expired
+  counters            hash   labels_accepted, labels_skipped, labels_duplicate, labels_expired,
+                             labels_unknown, last_label_ms, requests_total, requests_expired
   hourly              hash   hour (epoch h) -> label requests issued
-  lease               string instance id holding the request loop (PX lease)
+  lease               string instance id holding the request loop (PX lease, fences ISSUE)
 
-Service-wide ``P:{_global}:...``
+Service-wide ``<prefix>:{_global}:...``
   classifiers         set    classifier ids ever seen
-  invalid             hash   "topic|reason" -> count
-  offsets:<topic>     hash   partition -> last applied offset for invalid counts
-  labels_unknown      hash   count of labels whose request id names no classifier
+  instances           zset   instance id -> last heartbeat (ms)
+  invalid             hash   "topic|reason" -> rejected records
+  labels_unknown      hash   "unknown" -> labels whose request id names no classifier
+  offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic
+                             name for `invalid`, "labels-unknown" for `labels_unknown`)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 GLOBAL_TAG = "_global"
+#: The offset scope of the service-wide count of labels naming no classifier.
+UNKNOWN_LABELS_SCOPE = "labels-unknown"
+
+
+def ingest_chunks(payload: dict) -> list[tuple[str, list[int]]]:
+    """The chunks of an INGEST payload (`ingest.aggregate.build_payload`), each with the strata
+    whose reservoirs the payload adds to: what `Keys.ingest_keys` needs."""
+    return [(c["t"], [r[0] for r in c["res"]]) for c in payload["chunks"]]
 
 
 class Keys:
-    """Key names for one key prefix."""
+    """Key names for one key prefix (``STRATAMETER_REDIS_KEY_PREFIX``)."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
 
+    # ---- per classifier -----------------------------------------------------------------
     def classifier(self, cid: str) -> str:
-        """The per-classifier key stem ``P:{cid}`` (scripts append suffixes)."""
+        """The per-classifier stem ``<prefix>:{cid}`` every key of the classifier starts with."""
         return f"{self.prefix}:{{{cid}}}"
 
-    def chunk(self, cid: str, chunk: int) -> str:
-        return f"{self.classifier(cid)}:c:{chunk}"
+    def meta(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:meta"
+
+    def scores_offsets(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:offsets:scores"
+
+    def labels_offsets(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:offsets:labels"
+
+    def chunks(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:chunks"
+
+    def pending(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:pending"
+
+    def counters(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:counters"
+
+    def hourly(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:hourly"
+
+    def lease(self, cid: str) -> str:
+        return f"{self.classifier(cid)}:lease"
 
     def request(self, cid: str, rid: str) -> str:
         return f"{self.classifier(cid)}:req:{rid}"
 
+    # ---- per chunk ----------------------------------------------------------------------
+    def chunk(self, cid: str, t: int | str) -> str:
+        """The stem of chunk `t`'s keys (``...:c:<t>``)."""
+        return f"{self.classifier(cid)}:c:{t}"
+
+    def chunk_meta(self, cid: str, t: int | str) -> str:
+        return f"{self.chunk(cid, t)}:meta"
+
+    def chunk_hist(self, cid: str, t: int | str) -> str:
+        return f"{self.chunk(cid, t)}:hist"
+
+    def chunk_items(self, cid: str, t: int | str) -> str:
+        """``c:<t>:N``: predicted positives per stratum."""
+        return f"{self.chunk(cid, t)}:N"
+
+    def chunk_labels(self, cid: str, t: int | str) -> str:
+        """``c:<t>:n``: labels folded per stratum."""
+        return f"{self.chunk(cid, t)}:n"
+
+    def chunk_positives(self, cid: str, t: int | str) -> str:
+        """``c:<t>:h``: positive labels per stratum."""
+        return f"{self.chunk(cid, t)}:h"
+
+    def reservoir(self, cid: str, t: int | str, k: int | str) -> str:
+        return f"{self.chunk(cid, t)}:res:{k}"
+
+    def chunk_pscores(self, cid: str, t: int | str) -> str:
+        return f"{self.chunk(cid, t)}:pscores"
+
+    def chunk_sampled(self, cid: str, t: int | str) -> str:
+        return f"{self.chunk(cid, t)}:sampled"
+
+    def chunk_replace(self, cid: str, t: int | str) -> str:
+        return f"{self.chunk(cid, t)}:replace"
+
+    # ---- service-wide -------------------------------------------------------------------
     @property
     def global_stem(self) -> str:
         return f"{self.prefix}:{{{GLOBAL_TAG}}}"
@@ -60,8 +142,44 @@ class Keys:
         return f"{self.global_stem}:classifiers"
 
     @property
+    def instances(self) -> str:
+        return f"{self.global_stem}:instances"
+
+    @property
     def invalid(self) -> str:
         return f"{self.global_stem}:invalid"
 
-    def global_offsets(self, topic: str) -> str:
-        return f"{self.global_stem}:offsets:{topic}"
+    @property
+    def labels_unknown(self) -> str:
+        return f"{self.global_stem}:labels_unknown"
+
+    def global_offsets(self, scope: str) -> str:
+        return f"{self.global_stem}:offsets:{scope}"
+
+    # ---- the KEYS of the scripts whose keys depend on their arguments (lua/<name>.lua) --
+    def ingest_keys(self, cid: str, chunks: Iterable[tuple[str, Iterable[int]]]) -> list[str]:
+        """INGEST: the classifier's keys, then per (chunk, strata the payload adds reservoir
+        members to), in the payload's order: meta, hist, N, pscores and those reservoirs."""
+        keys = [self.scores_offsets(cid), self.meta(cid), self.chunks(cid)]
+        for t, strata in chunks:
+            keys += [self.chunk_meta(cid, t), self.chunk_hist(cid, t), self.chunk_items(cid, t),
+                     self.chunk_pscores(cid, t)]
+            keys += [self.reservoir(cid, t, k) for k in strata]
+        return keys
+
+    def restratify_keys(self, cid: str, t: int, strata: int) -> list[str]:
+        """RESTRATIFY: the chunk's meta, N, pscores and its `strata` reservoirs."""
+        return ([self.chunk_meta(cid, t), self.chunk_items(cid, t), self.chunk_pscores(cid, t)]
+                + [self.reservoir(cid, t, k) for k in range(strata)])
+
+    def label_keys(self, cid: str, rid: str, chunk: str) -> list[str]:
+        """LABEL: the classifier's, the request's, and (if `chunk`) that chunk's counts."""
+        keys = [self.labels_offsets(cid), self.counters(cid), self.pending(cid), self.request(cid, rid)]
+        if chunk:
+            keys += [self.chunk_replace(cid, chunk), self.chunk_labels(cid, chunk), self.chunk_positives(cid, chunk)]
+        return keys
+
+    def issue_keys(self, cid: str, t: int, rids: Iterable[str]) -> list[str]:
+        """ISSUE: the classifier's, the chunk's, then one per request id."""
+        return ([self.lease(cid), self.pending(cid), self.counters(cid), self.hourly(cid), self.chunk_meta(cid, t),
+                 self.chunk_sampled(cid, t), self.chunk_replace(cid, t)] + [self.request(cid, r) for r in rids])

@@ -1,10 +1,9 @@
-"""The Redis adapter: typed calls around the atomic scripts and the reads the
-request loop, the HTTP API and the metrics collector need.  Holds no state of
-its own that another instance would need (only script SHAs)."""
+"""The Redis adapter: every Redis call of the service, typed calls around the atomic
+scripts (`scripts`, ``lua/*.lua``) and the reads the request loop, the HTTP API and the
+metrics collector need.  Key names come from `keys.Keys`.  Holds no state of its own
+that another instance would need (only script SHAs)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
@@ -12,104 +11,40 @@ from redis.asyncio import Redis
 
 from ..stats.sketch import ScoreHistogram
 from . import scripts
-from .keys import Keys
+from .keys import UNKNOWN_LABELS_SCOPE, Keys, ingest_chunks
+from .records import ChunkCuts, ChunkState, ReservoirWindow, _vec
+
+__all__ = ["ChunkCuts", "ChunkState", "MAX_STRATA", "ReservoirWindow", "Store"]
 
 MAX_STRATA = 20  # the largest STRATAMETER_STRATA allowed
 
 
-@dataclass
-class ChunkState:
-    """One chunk of one classifier as stored."""
-
-    chunk: int
-    cuts: np.ndarray
-    N: np.ndarray
-    n: np.ndarray
-    h: np.ndarray
-    round: int = 0
-    evaluated_round: int = 0
-    streak: int = 0
-    status: str = "open"
-    replace: dict[int, int] = field(default_factory=dict)
-    min: float = float("nan")
-    max: float = float("nan")
-    tau: np.ndarray | None = None  # per stratum the inclusion threshold (stats.streams), None before any request
-    first_ms: int = -1  # wall-clock time of the chunk's first and last arrival
-    last_ms: int = -1
-    provisional: bool = False  # one stratum until its items let RESTRATIFY set its K strata: never sample it
-
-    @property
-    def strata(self) -> int:
-        return self.cuts.size + 1
-
-    @property
-    def thresholds(self) -> np.ndarray:
-        tau = np.zeros(self.strata) if self.tau is None else np.asarray(self.tau, dtype=float)
-        return tau if tau.size == self.strata else np.zeros(self.strata)
-
-
-@dataclass
-class ReservoirWindow:
-    """The part of one stratum's reservoir the request loop needs (see `Store.reservoir_windows`)."""
-
-    below: list[tuple[str, float]]  # (member, priority) at or below the threshold
-    above: list[tuple[str, float]]  # the lowest few above it
-    above_count: int
-    size: int
-    largest: float  # the largest priority kept
-
-
-def _vec(raw: dict, k: int) -> np.ndarray:
-    out = np.zeros(k, dtype=np.int64)
-    for key, val in raw.items():
-        i = int(key)
-        if 0 <= i < k:
-            out[i] = int(val)
-    return out
-
-
-@dataclass(frozen=True)
-class ChunkCuts:
-    """A chunk's strata boundaries as stored, with their version (see scripts.RESTRATIFY).
-
-    `provisional`: opened with one stratum (no earlier histogram, opening batch too small);
-    its cuts change once, when it is re-stratified, and `version` then increments."""
-
-    cuts: np.ndarray
-    version: int = 0
-    provisional: bool = False
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class Store:
+    """Every Redis call of the service.  Key names come from `keys.Keys`; each script gets
+    every key it touches in KEYS (see `scripts`)."""
+
     def __init__(self, redis: Redis, prefix: str) -> None:
         self.redis = redis
         self.keys = Keys(prefix)
-        self._scripts = {
-            name: redis.register_script(getattr(scripts, name))
-            for name in ("INGEST", "OPEN_CHUNK", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
-                         "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT", "RESTRATIFY")
-        }
+        self._scripts = {name: redis.register_script(scripts.source(name)) for name in scripts.NAMES}
 
     # ---- ingest -------------------------------------------------------------------------
     async def scores_offsets(self, cids: list[str], partition: int) -> dict[str, int]:
         pipe = self.redis.pipeline(transaction=False)
         for cid in cids:
-            pipe.hget(f"{self.keys.classifier(cid)}:offsets:scores", str(partition))
+            pipe.hget(self.keys.scores_offsets(cid), str(partition))
         vals = await pipe.execute()
         return {cid: int(v) if v is not None else -1 for cid, v in zip(cids, vals)}
-
-    async def chunk_cuts(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], np.ndarray | None]:
-        pipe = self.redis.pipeline(transaction=False)
-        for cid, t in pairs:
-            pipe.hget(f"{self.keys.chunk(cid, t)}:meta", "cuts")
-        vals = await pipe.execute()
-        return {p: (np.asarray(orjson.loads(v), dtype=float) if v is not None else None) for p, v in zip(pairs, vals)}
 
     async def chunk_strata(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], ChunkCuts | None]:
         """Cuts, cuts version and provisional flag of each (cid, chunk); None if not opened."""
         pipe = self.redis.pipeline(transaction=False)
         for cid, t in pairs:
-            pipe.hmget(f"{self.keys.chunk(cid, t)}:meta", "cuts", "cuts_version", "provisional")
+            pipe.hmget(self.keys.chunk_meta(cid, t), "cuts", "cuts_version", "provisional")
         out: dict[tuple[str, int], ChunkCuts | None] = {}
         for p, (cuts, version, prov) in zip(pairs, await pipe.execute()):
             out[p] = None if cuts is None else ChunkCuts(
@@ -121,23 +56,22 @@ class Store:
         """Open a chunk with `cuts` (one stratum and the provisional flag if `provisional`)
         unless it is open already; returns the stored cuts (the first opener's)."""
         cuts_raw, version, prov = await self._scripts["OPEN_CHUNK"](
-            keys=[self.keys.classifier(cid)],
-            args=[str(t), orjson.dumps(cuts.tolist()), now_ms, "1" if provisional else "0"])
+            keys=[self.keys.chunk_meta(cid, t)],
+            args=[orjson.dumps(cuts.tolist()), now_ms, "1" if provisional else "0"])
         return ChunkCuts(np.asarray(orjson.loads(cuts_raw), dtype=float), int(version), prov == b"1")
 
     async def restratify(self, cid: str, t: int, version: int, cuts: np.ndarray) -> bool:
         """Give a provisional chunk its final `cuts` (RESTRATIFY) if it is still provisional
         at `version`; False if it is not (re-stratified by another instance): reload its cuts."""
-        ck = self.keys.chunk(cid, t)
-        keys = [f"{ck}:meta", f"{ck}:N", f"{ck}:pscores"] + [f"{ck}:res:{k}" for k in range(cuts.size + 1)]
-        done, _ = await self._scripts["RESTRATIFY"](keys=keys, args=[version, orjson.dumps(cuts.tolist())])
+        done, _ = await self._scripts["RESTRATIFY"](keys=self.keys.restratify_keys(cid, t, cuts.size + 1),
+                                                    args=[version, orjson.dumps(cuts.tolist())])
         return int(done) == 1
 
     async def chunk_score_histogram(self, cid: str, t: int) -> ScoreHistogram | None:
         """The score histogram of chunk `t` (None while it has none)."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(f"{self.keys.chunk(cid, t)}:hist")
-        pipe.hmget(f"{self.keys.chunk(cid, t)}:meta", "min", "max")
+        pipe.hgetall(self.keys.chunk_hist(cid, t))
+        pipe.hmget(self.keys.chunk_meta(cid, t), "min", "max")
         raw, (lo, hi) = await pipe.execute()
         if not raw or lo is None or hi is None:
             return None
@@ -145,15 +79,18 @@ class Store:
 
     async def recent_histogram(self, cid: str, before: int) -> ScoreHistogram | None:
         """The histogram of the latest chunk before `before` (the drift-following sketch)."""
-        stem = self.keys.classifier(cid)
-        prev = await self.redis.zrevrangebyscore(f"{stem}:chunks", f"({before}", "-inf", start=0, num=1)
+        prev = await self.redis.zrevrangebyscore(self.keys.chunks(cid), f"({before}", "-inf", start=0, num=1)
         if not prev:
             return None
         return await self.chunk_score_histogram(cid, int(prev[0]))
 
-    async def apply_ingest(self, calls: list[tuple[str, int, int, int, bytes]]
+    async def apply_ingest(self, calls: list[tuple]
                            ) -> list[tuple[bool, int, list[tuple[int, int, float]], list[tuple[int, int]]]]:
-        """Run INGEST for (cid, partition, expected_offset, new_offset, payload) in one pipeline.
+        """Run INGEST for (cid, partition, expected_offset, new_offset, payload[, chunks]) in one pipeline.
+
+        INGEST's KEYS name every chunk of the payload and the reservoirs it adds to: `chunks`,
+        [(chunk, [stratum, ...]), ...] in the payload's order (`keys.ingest_chunks`), or read from
+        the payload when the call does not carry them.
 
         Returns (applied, stored_offset, cutoffs, refused) per call; not applied means another
         writer moved the offset or, if `refused` lists (chunk, reason), the cuts guard refused
@@ -163,8 +100,10 @@ class Store:
         call touched (a candidate above it can never enter that reservoir).
         """
         pipe = self.redis.pipeline(transaction=False)
-        for cid, part, expected, new, payload in calls:
-            await self._scripts["INGEST"](keys=[self.keys.classifier(cid)], args=[part, expected, new, payload], client=pipe)
+        for cid, part, expected, new, payload, *hint in calls:
+            chunks = hint[0] if hint else ingest_chunks(orjson.loads(payload))
+            await self._scripts["INGEST"](keys=self.keys.ingest_keys(cid, chunks), args=[part, expected, new, payload],
+                                          client=pipe)
         for cid, *_ in calls:
             pipe.sadd(self.keys.classifiers, cid)
         res = (await pipe.execute())[: len(calls)]
@@ -172,45 +111,92 @@ class Store:
                 if int(r[0]) == 1 else
                 (False, int(r[1]), [], [(int(r[i]), int(r[i + 1])) for i in range(2, len(r) - 1, 2)]) for r in res]
 
+    # ---- service-wide counts (GLOBAL_COUNT, offset-guarded per scope and partition) -----
     async def count_invalid(self, topic: str, partition: int, expected: int, new: int,
                             counts: dict[str, int]) -> tuple[bool, int]:
-        args: list = [partition, expected, new]
-        for reason, c in counts.items():
-            args += [f"{topic}|{reason}", c]
-        r = await self._scripts["GLOBAL_COUNT"](keys=[self.keys.global_offsets(topic), self.keys.invalid], args=args)
-        return int(r[0]) == 1, int(r[1])
+        """Add rejected records of `topic` by reason if the stored offset is `expected`;
+        (applied, stored offset)."""
+        return await self._count_global(topic, self.keys.invalid, partition, expected, new,
+                                        {f"{topic}|{reason}": c for reason, c in counts.items()})
 
     async def invalid_offset(self, topic: str, partition: int) -> int:
-        v = await self.redis.hget(self.keys.global_offsets(topic), str(partition))
+        return await self._global_offset(topic, partition)
+
+    async def count_unknown_labels(self, partition: int, expected: int, new: int, count: int) -> tuple[bool, int]:
+        """Add labels whose request id names no classifier, like `count_invalid`."""
+        return await self._count_global(UNKNOWN_LABELS_SCOPE, self.keys.labels_unknown, partition, expected, new,
+                                        {"unknown": count} if count else {})
+
+    async def unknown_labels_offset(self, partition: int) -> int:
+        return await self._global_offset(UNKNOWN_LABELS_SCOPE, partition)
+
+    async def unknown_labels(self) -> int:
+        """Labels whose request id names no classifier, service-wide."""
+        return int(await self.redis.hget(self.keys.labels_unknown, "unknown") or 0)
+
+    async def _count_global(self, scope: str, counts_key: str, partition: int, expected: int, new: int,
+                            counts: dict[str, int]) -> tuple[bool, int]:
+        args: list = [partition, expected, new]
+        for name, c in counts.items():
+            args += [name, c]
+        r = await self._scripts["GLOBAL_COUNT"](keys=[self.keys.global_offsets(scope), counts_key], args=args)
+        return int(r[0]) == 1, int(r[1])
+
+    async def _global_offset(self, scope: str, partition: int) -> int:
+        v = await self.redis.hget(self.keys.global_offsets(scope), str(partition))
         return int(v) if v is not None else -1
 
     # ---- labels -------------------------------------------------------------------------
     async def apply_labels(self, calls: list[tuple[str, int, int, str, str, int, str]]) -> list[list]:
-        """LABEL for (cid, partition, offset, request_token, label, now_ms, labeler) in one pipeline."""
-        pipe = self.redis.pipeline(transaction=False)
-        for cid, part, off, rid, label, now_ms, labeler in calls:
-            await self._scripts["LABEL"](keys=[self.keys.classifier(cid)],
-                                   args=[part, off, rid, label, now_ms, labeler], client=pipe)
-        return [[x.decode() if isinstance(x, bytes) else x for x in r] for r in await pipe.execute()]
+        """LABEL for (cid, partition, offset, request_token, label, now_ms, labeler) in one pipeline.
+
+        Each request's chunk is read first (its chunk keys go into KEYS); a call whose request
+        changed meanwhile is refused by the script and retried here, with every later call of
+        its classifier and partition (refused with it, so the offsets stay in order)."""
+        out: list[list] = [[] for _ in calls]
+        todo = list(range(len(calls)))
+        while todo:
+            pipe = self.redis.pipeline(transaction=False)
+            for i in todo:
+                cid, _, _, rid, *_ = calls[i]
+                pipe.hget(self.keys.request(cid, rid), "chunk")
+            chunks = await pipe.execute()
+            pipe = self.redis.pipeline(transaction=False)
+            previous: dict[tuple[str, int], int] = {}
+            for i, chunk in zip(todo, chunks):
+                cid, part, off, rid, label, now_ms, labeler = calls[i]
+                t = _text(chunk) or ""
+                args = [part, off, rid, label, now_ms, labeler, t, previous.get((cid, part), "")]
+                previous[(cid, part)] = off
+                await self._scripts["LABEL"](keys=self.keys.label_keys(cid, rid, t), args=args, client=pipe)
+            retry = []
+            for i, r in zip(todo, await pipe.execute()):
+                r = [_text(x) for x in r]
+                if r[0] == "retry":
+                    retry.append(i)
+                else:
+                    out[i] = r
+            todo = retry
+        return out
 
     # ---- request loop -------------------------------------------------------------------
     async def acquire_lease(self, cid: str, instance: str, ttl_ms: int) -> bool:
-        return bool(await self._scripts["LEASE"](keys=[f"{self.keys.classifier(cid)}:lease"], args=[instance, ttl_ms]))
+        return bool(await self._scripts["LEASE"](keys=[self.keys.lease(cid)], args=[instance, ttl_ms]))
 
     async def release_lease(self, cid: str, instance: str) -> bool:
-        return bool(await self._scripts["RELEASE"](keys=[f"{self.keys.classifier(cid)}:lease"], args=[instance]))
+        return bool(await self._scripts["RELEASE"](keys=[self.keys.lease(cid)], args=[instance]))
 
     async def lease_holders(self, cids: list[str]) -> dict[str, str | None]:
         if not cids:
             return {}
         pipe = self.redis.pipeline(transaction=False)
         for cid in cids:
-            pipe.get(f"{self.keys.classifier(cid)}:lease")
+            pipe.get(self.keys.lease(cid))
         return {cid: (v.decode() if v is not None else None) for cid, v in zip(cids, await pipe.execute())}
 
     async def heartbeat(self, instance: str, now_ms: int, window_ms: int) -> list[str]:
         """Record this instance as alive; return the instances alive within `window_ms`."""
-        key = f"{self.keys.global_stem}:instances"
+        key = self.keys.instances
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(key, {instance: now_ms})
         pipe.zremrangebyscore(key, "-inf", now_ms - 10 * window_ms)
@@ -219,25 +205,36 @@ class Store:
         return sorted(m.decode() for m in live)
 
     async def leave(self, instance: str) -> None:
-        await self.redis.zrem(f"{self.keys.global_stem}:instances", instance)
-
-    async def lease_holder(self, cid: str) -> str | None:
-        v = await self.redis.get(f"{self.keys.classifier(cid)}:lease")
-        return v.decode() if v is not None else None
+        await self.redis.zrem(self.keys.instances, instance)
 
     async def expire(self, cid: str, now_ms: int) -> int:
-        return int(await self._scripts["EXPIRE"](keys=[self.keys.classifier(cid)], args=[now_ms]))
-
-    async def pending_count(self, cid: str) -> int:
-        return int(await self.redis.zcard(f"{self.keys.classifier(cid)}:pending"))
+        """Expire the requests due at `now_ms` (EXPIRE); the number due.  The due requests and
+        their chunks are read first and re-checked by the script; read again if they changed."""
+        k = self.keys
+        while True:
+            due = [_text(r) for r in await self.redis.zrangebyscore(k.pending(cid), "-inf", now_ms)]
+            pipe = self.redis.pipeline(transaction=False)
+            for rid in due:
+                pipe.hget(k.request(cid, rid), "chunk")
+            chunks = [_text(c) or "" for c in await pipe.execute()] if due else []
+            keys = [k.pending(cid), k.counters(cid)] + [k.request(cid, rid) for rid in due]
+            replace: dict[str, int] = {}  # chunk -> index of its replace hash in KEYS (1-based)
+            args: list = [now_ms]
+            for rid, t in zip(due, chunks):
+                if t and t not in replace:
+                    replace[t] = len(keys) + len(replace) + 1
+                args += [rid, t, replace.get(t, 0)]
+            keys += [k.chunk_replace(cid, t) for t in replace]
+            n = int(await self._scripts["EXPIRE"](keys=keys, args=args))
+            if n >= 0:
+                return n
 
     async def unpublished(self, cid: str) -> list[tuple[str, dict]]:
         """Requests written but not yet marked published (the outbox)."""
-        stem = self.keys.classifier(cid)
-        rids = [r.decode() for r in await self.redis.zrange(f"{stem}:pending", 0, -1)]
+        rids = [r.decode() for r in await self.redis.zrange(self.keys.pending(cid), 0, -1)]
         pipe = self.redis.pipeline(transaction=False)
         for rid in rids:
-            pipe.hgetall(f"{stem}:req:{rid}")
+            pipe.hgetall(self.keys.request(cid, rid))
         out = []
         for rid, h in zip(rids, await pipe.execute()):
             h = {k.decode(): v.decode() for k, v in h.items()}
@@ -245,14 +242,11 @@ class Store:
                 out.append((rid, h))
         return out
 
-    async def reservoir(self, cid: str, t: int, k: int) -> list[str]:
-        return [m.decode() for m in await self.redis.zrange(f"{self.keys.chunk(cid, t)}:res:{k}", 0, -1)]
-
     async def reservoirs(self, cid: str, t: int, strata: int) -> list[list[tuple[str, float]]]:
         """Every stratum's reservoir as (member, priority), lowest priority first."""
         pipe = self.redis.pipeline(transaction=False)
         for k in range(strata):
-            pipe.zrange(f"{self.keys.chunk(cid, t)}:res:{k}", 0, -1, withscores=True)
+            pipe.zrange(self.keys.reservoir(cid, t, k), 0, -1, withscores=True)
         return [[(m.decode(), float(p)) for m, p in res] for res in await pipe.execute()]
 
     async def reservoir_windows(self, cid: str, t: int, thresholds, extra) -> list["ReservoirWindow"]:
@@ -261,7 +255,7 @@ class Store:
         the reservoir's size and its largest priority."""
         pipe = self.redis.pipeline(transaction=False)
         for k, tau in enumerate(thresholds):
-            key = f"{self.keys.chunk(cid, t)}:res:{k}"
+            key = self.keys.reservoir(cid, t, k)
             pipe.zrangebyscore(key, "-inf", repr(float(tau)), withscores=True)
             pipe.zrangebyscore(key, f"({float(tau)!r}", "+inf", start=0, num=max(int(extra[k]), 0), withscores=True)
             pipe.zcount(key, f"({float(tau)!r}", "+inf")
@@ -280,13 +274,12 @@ class Store:
 
     async def pending_by_chunk(self, cid: str) -> dict[int, int]:
         """Outstanding requests per chunk."""
-        stem = self.keys.classifier(cid)
-        rids = [r.decode() for r in await self.redis.zrange(f"{stem}:pending", 0, -1)]
+        rids = [r.decode() for r in await self.redis.zrange(self.keys.pending(cid), 0, -1)]
         if not rids:
             return {}
         pipe = self.redis.pipeline(transaction=False)
         for rid in rids:
-            pipe.hget(f"{stem}:req:{rid}", "chunk")
+            pipe.hget(self.keys.request(cid, rid), "chunk")
         out: dict[int, int] = {}
         for chunk in await pipe.execute():
             if chunk is not None:
@@ -295,12 +288,12 @@ class Store:
 
     async def set_status(self, cid: str, t: int, status: str) -> None:
         """The chunk's status as the request loop last saw it (derived state, not guarded)."""
-        await self.redis.hset(f"{self.keys.chunk(cid, t)}:meta", "status", status)
+        await self.redis.hset(self.keys.chunk_meta(cid, t), "status", status)
 
     async def sampled(self, cid: str, t: int, item_ids: list[str]) -> list[bool]:
         if not item_ids:
             return []
-        return [bool(x) for x in await self.redis.smismember(f"{self.keys.chunk(cid, t)}:sampled", item_ids)]
+        return [bool(x) for x in await self.redis.smismember(self.keys.chunk_sampled(cid, t), item_ids)]
 
     async def issue(self, cid: str, t: int, now_ms: int, deadline_ms: int, round_no: int, fence: str,
                     requests: list[list], replaced: dict[int, int], retention_ms: int,
@@ -311,21 +304,21 @@ class Store:
                 orjson.dumps(requests), orjson.dumps({str(k): v for k, v in replaced.items()}), retention_ms]
         if thresholds is not None:
             args.append(orjson.dumps([float(x) for x in thresholds]))
-        res = await self._scripts["ISSUE"](keys=[self.keys.classifier(cid)], args=args)
+        res = await self._scripts["ISSUE"](keys=self.keys.issue_keys(cid, t, [r[0] for r in requests]), args=args)
         if res and not isinstance(res[0], bytes) and int(res[0]) == -1:
             return None
         return [r.decode() for r in res]
 
     async def mark_published(self, cid: str, rids: list[str]) -> None:
         if rids:
-            await self._scripts["MARK_PUBLISHED"](keys=[self.keys.classifier(cid)], args=rids)
+            await self._scripts["MARK_PUBLISHED"](keys=[self.keys.request(cid, rid) for rid in rids])
 
     async def evaluate_round(self, cid: str, t: int, round_no: int, streak: int, status: str) -> bool:
         return bool(await self._scripts["EVALUATE_ROUND"](
-            keys=[self.keys.classifier(cid)], args=[str(t), round_no, streak, status]))
+            keys=[self.keys.chunk_meta(cid, t)], args=[round_no, streak, status]))
 
     async def issued_this_hour(self, cid: str, now_ms: int) -> int:
-        v = await self.redis.hget(f"{self.keys.classifier(cid)}:hourly", str(now_ms // 3_600_000))
+        v = await self.redis.hget(self.keys.hourly(cid), str(now_ms // 3_600_000))
         return int(v) if v is not None else 0
 
     async def purge_chunks(self, cid: str, ids: list[int], keep_full: int, keep_history: int) -> int:
@@ -337,14 +330,15 @@ class Store:
         if not old:
             return 0
         drop = set(ids[:-keep_history]) if len(ids) > keep_history else set()
+        k = self.keys
         pipe = self.redis.pipeline(transaction=False)
         for t in old:
-            ck = self.keys.chunk(cid, t)
-            pipe.delete(f"{ck}:sampled", f"{ck}:hist", f"{ck}:replace", f"{ck}:pscores",
-                        *(f"{ck}:res:{k}" for k in range(MAX_STRATA)))
+            pipe.delete(k.chunk_sampled(cid, t), k.chunk_hist(cid, t), k.chunk_replace(cid, t),
+                        k.chunk_pscores(cid, t), *(k.reservoir(cid, t, s) for s in range(MAX_STRATA)))
             if t in drop:
-                pipe.delete(f"{ck}:meta", f"{ck}:N", f"{ck}:n", f"{ck}:h")
-                pipe.zrem(f"{self.keys.classifier(cid)}:chunks", t)
+                pipe.delete(k.chunk_meta(cid, t), k.chunk_items(cid, t), k.chunk_labels(cid, t),
+                            k.chunk_positives(cid, t))
+                pipe.zrem(k.chunks(cid), t)
         await pipe.execute()
         return len(old)
 
@@ -353,15 +347,15 @@ class Store:
         return sorted(m.decode() for m in await self.redis.smembers(self.keys.classifiers))
 
     async def chunk_ids(self, cid: str) -> list[int]:
-        return [int(x) for x in await self.redis.zrange(f"{self.keys.classifier(cid)}:chunks", 0, -1)]
+        return [int(x) for x in await self.redis.zrange(self.keys.chunks(cid), 0, -1)]
 
     async def chunks(self, cid: str, ids: list[int]) -> list[ChunkState]:
         pipe = self.redis.pipeline(transaction=False)
+        k = self.keys
         for t in ids:
-            ck = self.keys.chunk(cid, t)
-            pipe.hgetall(f"{ck}:meta")
-            for part in ("N", "n", "h", "replace"):
-                pipe.hgetall(f"{ck}:{part}")
+            for key in (k.chunk_meta(cid, t), k.chunk_items(cid, t), k.chunk_labels(cid, t),
+                        k.chunk_positives(cid, t), k.chunk_replace(cid, t)):
+                pipe.hgetall(key)
         raw = await pipe.execute()
         out = []
         for i, t in enumerate(ids):
@@ -383,15 +377,14 @@ class Store:
         return out
 
     async def chunk_histogram(self, cid: str, t: int) -> dict[int, int]:
-        raw = await self.redis.hgetall(f"{self.keys.chunk(cid, t)}:hist")
+        raw = await self.redis.hgetall(self.keys.chunk_hist(cid, t))
         return {int(k): int(v) for k, v in raw.items()}
 
     async def classifier_summary(self, cid: str) -> dict:
-        stem = self.keys.classifier(cid)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(f"{stem}:meta")
-        pipe.hgetall(f"{stem}:counters")
-        pipe.zcard(f"{stem}:pending")
+        pipe.hgetall(self.keys.meta(cid))
+        pipe.hgetall(self.keys.counters(cid))
+        pipe.zcard(self.keys.pending(cid))
         meta, counters, pending = await pipe.execute()
         dec = lambda d: {k.decode(): v.decode() for k, v in d.items()}  # noqa: E731
         return {"meta": dec(meta), "counters": dec(counters), "pending": int(pending)}

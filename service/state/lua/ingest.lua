@@ -1,0 +1,82 @@
+-- INGEST: apply one classifier's aggregated score batch from one scores partition.
+-- KEYS: offsets:scores, meta, chunks, then for every chunk of the payload, in its order:
+--   c:<t>:meta, c:<t>:hist, c:<t>:N, c:<t>:pscores, and c:<t>:res:<k> for each entry of its `res`.
+-- ARGV: partition, expected stored offset, new offset, payload JSON (ingest.aggregate.build_payload).
+-- Offset guard (compare-and-set): nothing is applied unless the partition's stored offset is the
+-- expected one; then the state changes and the offset advances in this one call.
+-- Returns {applied (1/0), stored offset, then for every reservoir this call touched that is
+-- full: chunk, stratum, the largest priority kept (a string, exact)}.  A full reservoir's
+-- largest priority only ever decreases, so the ingestor may drop later candidates above it.
+-- Cuts guard (like the offset guard, nothing is applied when it refuses): every chunk of the
+-- payload carries the cuts version `v` it was aggregated with; a provisional chunk's also
+-- `cap`, `n` (its predicted positives in the payload) and `ps` (score -> count).  Refused:
+-- {0, stored offset, then per refused chunk: chunk, 1 (stale cuts: reload them) or 2 (the
+-- provisional chunk would reach `cap` items: RESTRATIFY it first)}.
+local okey, meta, chunks = KEYS[1], KEYS[2], KEYS[3]
+local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
+if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
+local p = cjson.decode(ARGV[4])
+local base, at = {}, 4  -- base[i]: the index in KEYS of chunk i's meta
+for i, c in ipairs(p.chunks) do
+  base[i] = at
+  at = at + 4 + #c.res
+end
+if at ~= #KEYS + 1 then return redis.error_reply('INGEST: KEYS do not match the payload') end
+local refused, prov = {0, stored}, {}
+for i, c in ipairs(p.chunks) do
+  local f = redis.call('HMGET', KEYS[base[i]], 'cuts_version', 'provisional')
+  if tonumber(f[1] or '0') ~= (c.v or 0) then
+    refused[#refused + 1] = c.t
+    refused[#refused + 1] = 1
+  elseif f[2] == '1' then
+    prov[i] = true
+    if not c.cap or tonumber(redis.call('HGET', KEYS[base[i] + 2], '0') or '0') + c.n >= c.cap then
+      refused[#refused + 1] = c.t
+      refused[#refused + 1] = 2
+    end
+  end
+end
+if #refused > 2 then return refused end
+redis.call('HSET', okey, ARGV[1], ARGV[3])
+local out = {1, ARGV[3]}
+redis.call('HINCRBY', meta, 'scores_total', p.scores)
+redis.call('HSETNX', meta, 'first_seen_ms', p.now)
+local le = tonumber(redis.call('HGET', meta, 'last_event_ms') or '-1')
+if p.last_event > le then redis.call('HSET', meta, 'last_event_ms', p.last_event) end
+for i, c in ipairs(p.chunks) do
+  local b = base[i]
+  local cmeta, hist, nkey, pkey = KEYS[b], KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
+  redis.call('ZADD', chunks, c.t, c.t)
+  if #c.N > 0 then  -- wall-clock arrival span of the chunk (the stream forecast, stats.streams)
+    redis.call('HSETNX', cmeta, 'first_ms', p.now)
+    if tonumber(redis.call('HGET', cmeta, 'last_ms') or '-1') < p.now then
+      redis.call('HSET', cmeta, 'last_ms', p.now)
+    end
+  end
+  for j = 1, #c.hist, 2 do redis.call('HINCRBY', hist, c.hist[j], c.hist[j + 1]) end
+  for j = 1, #c.N, 2 do redis.call('HINCRBY', nkey, c.N[j], c.N[j + 1]) end
+  if prov[i] and c.ps then  -- exact scores of a provisional chunk, for RESTRATIFY
+    for j = 1, #c.ps, 2 do redis.call('HINCRBY', pkey, c.ps[j], c.ps[j + 1]) end
+  end
+  if c.lo then
+    local lo = tonumber(redis.call('HGET', cmeta, 'min') or '1e308')
+    local hi = tonumber(redis.call('HGET', cmeta, 'max') or '-1e308')
+    if c.lo < lo then redis.call('HSET', cmeta, 'min', c.lo_s) end
+    if c.hi > hi then redis.call('HSET', cmeta, 'max', c.hi_s) end
+  end
+  for j, r in ipairs(c.res) do
+    local rk = KEYS[b + 3 + j]
+    local args = r[2]
+    for a = 1, #args, 400 do
+      redis.call('ZADD', rk, unpack(args, a, math.min(a + 399, #args)))
+    end
+    redis.call('ZREMRANGEBYRANK', rk, p.res_size, -1)
+    if redis.call('ZCARD', rk) >= p.res_size then
+      local last = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
+      out[#out + 1] = c.t
+      out[#out + 1] = r[1]
+      out[#out + 1] = last[2]
+    end
+  end
+end
+return out

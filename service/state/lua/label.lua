@@ -1,0 +1,47 @@
+-- LABEL: fold one label record into its request's chunk, exactly once.
+-- KEYS: offsets:labels, counters, pending, req:<rid>, and, when the caller found the request's
+--   chunk <t> in req:<rid>: c:<t>:replace, c:<t>:n, c:<t>:h.
+-- ARGV: partition, offset, request id, label ('1', '0' or 'null': skipped), now_ms, labeler,
+--   the chunk the caller read from req:<rid> ('' if none), the offset of the previous call for
+--   this classifier and partition in the same pipeline ('' if none).
+-- Offset guard: an offset at or below the partition's stored one is a replay and changes nothing.
+-- Re-check (the chunk keys come from a read before this call): a request that still awaits its
+-- answer but names another chunk than the one read refuses ({'retry'}, nothing changed; the
+-- caller reads again and retries).  So that a retried label cannot fall behind a later offset
+-- of its partition, a call whose predecessor in the pipeline was refused refuses too.
+-- Returns {outcome[, chunk, stratum]}: replay, retry, unknown, duplicate, expired, skipped, accepted.
+local okey, cnt, pending, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
+if tonumber(ARGV[2]) <= stored then return {'replay'} end
+if ARGV[8] ~= '' and stored < tonumber(ARGV[8]) then return {'retry'} end
+local st = redis.call('HGET', rk, 'state')
+local chunk = redis.call('HGET', rk, 'chunk')
+if (st == 'new' or st == 'pending') and (chunk ~= ARGV[7] or #KEYS < 7) then return {'retry'} end
+redis.call('HSET', okey, ARGV[1], ARGV[2])
+if not st then
+  redis.call('HINCRBY', cnt, 'labels_unknown', 1)
+  return {'unknown'}
+end
+if st == 'answered' or st == 'skipped' then
+  redis.call('HINCRBY', cnt, 'labels_duplicate', 1)
+  return {'duplicate'}
+end
+if st == 'expired' then
+  redis.call('HINCRBY', cnt, 'labels_expired', 1)
+  return {'expired'}
+end
+local replace, nkey, hkey = KEYS[5], KEYS[6], KEYS[7]
+local k = redis.call('HGET', rk, 'stratum')
+redis.call('ZREM', pending, ARGV[3])
+if ARGV[4] == 'null' then
+  redis.call('HSET', rk, 'state', 'skipped', 'answered_ms', ARGV[5])
+  redis.call('HINCRBY', cnt, 'labels_skipped', 1)
+  redis.call('HINCRBY', replace, k, 1)
+  return {'skipped', chunk, k}
+end
+redis.call('HSET', rk, 'state', 'answered', 'label', ARGV[4], 'answered_ms', ARGV[5], 'labeler', ARGV[6])
+redis.call('HINCRBY', nkey, k, 1)
+redis.call('HINCRBY', hkey, k, tonumber(ARGV[4]))
+redis.call('HINCRBY', cnt, 'labels_accepted', 1)
+redis.call('HSET', cnt, 'last_label_ms', ARGV[5])
+return {'accepted', chunk, k}

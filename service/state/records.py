@@ -1,0 +1,71 @@
+"""What the store reads, as Python values: a chunk's state, its strata boundaries, a
+window of a stratum's reservoir."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class ChunkState:
+    """One chunk of one classifier as stored."""
+
+    chunk: int
+    cuts: np.ndarray
+    N: np.ndarray
+    n: np.ndarray
+    h: np.ndarray
+    round: int = 0
+    evaluated_round: int = 0
+    streak: int = 0
+    status: str = "open"
+    replace: dict[int, int] = field(default_factory=dict)
+    min: float = float("nan")
+    max: float = float("nan")
+    tau: np.ndarray | None = None  # per stratum the inclusion threshold (stats.streams), None before any request
+    first_ms: int = -1  # wall-clock time of the chunk's first and last arrival
+    last_ms: int = -1
+    provisional: bool = False  # one stratum until its items let RESTRATIFY set its K strata: never sample it
+
+    @property
+    def strata(self) -> int:
+        return self.cuts.size + 1
+
+    @property
+    def thresholds(self) -> np.ndarray:
+        tau = np.zeros(self.strata) if self.tau is None else np.asarray(self.tau, dtype=float)
+        return tau if tau.size == self.strata else np.zeros(self.strata)
+
+
+@dataclass
+class ReservoirWindow:
+    """The part of one stratum's reservoir the request loop needs (see `Store.reservoir_windows`)."""
+
+    below: list[tuple[str, float]]  # (member, priority) at or below the threshold
+    above: list[tuple[str, float]]  # the lowest few above it
+    above_count: int
+    size: int
+    largest: float  # the largest priority kept
+
+
+def _vec(raw: dict, k: int) -> np.ndarray:
+    out = np.zeros(k, dtype=np.int64)
+    for key, val in raw.items():
+        i = int(key)
+        if 0 <= i < k:
+            out[i] = int(val)
+    return out
+
+
+@dataclass(frozen=True)
+class ChunkCuts:
+    """A chunk's strata boundaries as stored, with their version (see lua/restratify.lua).
+
+    `provisional`: opened with one stratum (no earlier histogram, opening batch too small);
+    its cuts change once, when it is re-stratified, and `version` then increments."""
+
+    cuts: np.ndarray
+    version: int = 0
+    provisional: bool = False
