@@ -51,8 +51,9 @@ on a 2-core machine):
     LeaveGroup on ``stop()`` when ``generation > 0``. So the first member of a fresh group
     leaves a ghost behind, and the next consumer of that group waits for the ghost's
     session to expire: ~11 s instead of ~3 s with ``session_timeout_ms=6000``. Call
-    :func:`leave_group_on_stop` on a consumer before ``stop()`` to send the LeaveGroup
-    anyway; later generations (1, 2, ...) are not affected.
+    :func:`leave_group_on_stop` (``service.app.group``, re-exported here) on a consumer
+    before ``stop()`` to send the LeaveGroup anyway; later generations (1, 2, ...) are not
+    affected.
 * The proxy rewrites the Metadata answer so clients only ever talk to the proxy's
   advertised address; with it stopped, aiokafka logs connection errors every
   ``retry_backoff_ms`` and keeps retrying: a pending ``send()`` stays pending, the
@@ -77,10 +78,11 @@ import struct
 import subprocess
 import tempfile
 import time
-import types
 import weakref
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from .app.group import leave_group_on_stop  # the service uses it too (SIGTERM handover)
 
 __all__ = [
     "BackendError",
@@ -621,30 +623,3 @@ async def create_topics(
 def create_topics_sync(bootstrap: str, names: Iterable[str], partitions: int = 3, **kwargs: Any) -> None:
     """:func:`create_topics` for code without a running event loop."""
     asyncio.run(create_topics(bootstrap, names, partitions, **kwargs))
-
-
-def leave_group_on_stop(consumer: Any) -> Any:
-    """Make ``consumer.stop()`` send LeaveGroup even in generation 0 (tansu quirk).
-
-    aiokafka skips LeaveGroup when ``generation == 0`` (Kafka itself starts at 1), but
-    tansu's first generation *is* 0, so without this the next consumer of the group waits
-    a whole session timeout for the departed member. Harmless on a real Kafka broker.
-    Relies on aiokafka internals; does nothing if they are not as expected.
-    Returns *consumer*.
-    """
-    coordinator = getattr(consumer, "_coordinator", None)
-    if coordinator is None or not hasattr(coordinator, "_maybe_leave_group"):
-        return consumer
-    try:
-        from aiokafka.protocol.group import LeaveGroupRequest
-    except ImportError:  # pragma: no cover - other aiokafka layout
-        return consumer
-
-    async def _maybe_leave_group(self: Any) -> None:
-        if self.member_id and getattr(self, "_group_instance_id", None) is None:
-            with contextlib.suppress(Exception):
-                await self._send_req(LeaveGroupRequest(self.group_id, self.member_id))
-        self.reset_generation()
-
-    coordinator._maybe_leave_group = types.MethodType(_maybe_leave_group, coordinator)
-    return consumer

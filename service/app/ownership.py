@@ -13,6 +13,15 @@ whole renewal period (the preferred instance may be alive but stuck).
 from __future__ import annotations
 
 import hashlib
+import time
+
+from ..state.store import Store
+
+#: Lease TTL; a lease is renewed every third of it.
+LEASE_MS = 10_000
+#: Service-wide series (invalid records, unroutable labels) are exported by one replica only, the
+#: rendezvous owner of this pseudo-classifier, so summing over replicas never double-counts them.
+GLOBAL_SERIES_OWNER = ""
 
 
 def weight(classifier_id: str, instance: str) -> int:
@@ -25,3 +34,47 @@ def preferred_owner(classifier_id: str, instances: list[str]) -> str | None:
     if not instances:
         return None
     return max(instances, key=lambda inst: (weight(classifier_id, inst), inst))
+
+
+class Leases:
+    """This instance's leases: which classifiers it owns now, and whether it exports the
+    service-wide series (it is the rendezvous owner of `GLOBAL_SERIES_OWNER`)."""
+
+    def __init__(self, store: Store, instance: str) -> None:
+        self.store, self.instance = store, instance
+        self.owned: set[str] = set()
+        self.exports_global = True  # until the first heartbeat says otherwise
+        self._free_since: dict[str, float] = {}
+
+    async def renew(self) -> None:
+        """Take or keep the leases this instance should hold, hand over the others."""
+        me = self.instance
+        live = await self.store.heartbeat(me, int(time.time() * 1000), LEASE_MS)
+        self.exports_global = preferred_owner(GLOBAL_SERIES_OWNER, live) == me
+        cids = await self.store.classifiers()
+        holders = await self.store.lease_holders(cids)
+        owned = set()
+        for cid in cids:
+            holder = holders[cid]
+            preferred = preferred_owner(cid, live) == me
+            if holder is None:
+                seen_free = self._free_since.setdefault(cid, time.monotonic())
+                waited = time.monotonic() - seen_free >= LEASE_MS / 3000
+                if (preferred or waited) and await self.store.acquire_lease(cid, me, LEASE_MS):
+                    owned.add(cid)
+                continue
+            self._free_since.pop(cid, None)
+            if holder != me:
+                continue
+            if not preferred and preferred_owner(cid, live) is not None:
+                await self.store.release_lease(cid, me)  # hand over to the preferred live instance
+            elif await self.store.acquire_lease(cid, me, LEASE_MS):
+                owned.add(cid)
+        self.owned = owned
+
+    async def release_all(self) -> None:
+        """On shutdown: give every lease back so another instance takes over at once."""
+        for cid in list(self.owned):
+            await self.store.release_lease(cid, self.instance)
+        self.owned = set()
+        await self.store.leave(self.instance)

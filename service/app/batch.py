@@ -1,0 +1,144 @@
+"""One partition batch of the scores or labels topic: staged (parsed and, for scores,
+aggregated into INGEST calls) and applied (the classifiers' state, the service-wide
+counts, the dead letters).  `checkpoint.Checkpoint` decides when each step runs and
+what is committed; this module says what a step does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+from aiokafka import TopicPartition
+from redis.exceptions import RedisError
+
+from schemas.parse import parse_labels, parse_scores
+from ..config import Settings
+from ..ingest.ingestor import PreparedBatch, ScoreIngestor
+from ..labels.folder import LabelFolder
+from ..state.keys import UNKNOWN_LABELS_SCOPE
+from ..state.store import Store
+from .deadletters import DeadLetters
+
+#: Dead-letter reason of a label that was read but not folded, by its outcome (labels.folder).
+LABEL_REJECTS = {"unknown": "unknown_request", "duplicate": "duplicate", "expired": "expired"}
+
+
+@dataclass
+class StagedBatch:
+    """A partition batch parsed, and for scores aggregated, but not applied."""
+
+    offsets: np.ndarray  # every record's offset
+    batch: object  # the parsed records (schemas.parse)
+    rejects: list  # (position, reason, detail) of each record to dead-letter
+    prepared: PreparedBatch | None  # scores: the INGEST calls
+
+
+class GlobalCounts:
+    """Service-wide counts (invalid records per topic and reason, labels whose request id
+    names no classifier), guarded per scope and partition by the offset stored beside them,
+    like a classifier's state.  Caches the offsets it last stored (`forget` on rebalance)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.offsets: dict[tuple[str, int], int] = {}
+
+    def forget(self) -> None:
+        self.offsets.clear()
+
+    async def add_invalid(self, topic: str, partition: int, by_offset: dict[int, str], last: int) -> None:
+        """Count the rejected records (offset -> reason) of a batch ending at offset `last`."""
+        await self._add(topic, partition, by_offset, last, lambda: self.store.invalid_offset(topic, partition),
+                        lambda base, counts: self.store.count_invalid(topic, partition, base, last, counts))
+
+    async def add_unknown_labels(self, partition: int, offsets: list[int], last: int) -> None:
+        """Count the labels (by offset) naming no classifier of a batch ending at offset `last`."""
+        await self._add(UNKNOWN_LABELS_SCOPE, partition, dict.fromkeys(offsets, "unknown"), last,
+                        lambda: self.store.unknown_labels_offset(partition),
+                        lambda base, counts: self.store.count_unknown_labels(partition, base, last,
+                                                                             counts.get("unknown", 0)))
+
+    async def _add(self, scope: str, partition: int, by_offset: dict[int, str], last: int,
+                   read: Callable[[], Awaitable[int]],
+                   write: Callable[[int, dict[str, int]], Awaitable[tuple[bool, int]]]) -> None:
+        """Add the counts of the offsets above the stored one, and store `last`.
+
+        A batch with nothing to count skips the call: the guard compares offsets
+        (`off > stored`), so it need not advance over records it never counts."""
+        if not by_offset:
+            return
+        key = (scope, partition)
+        if key not in self.offsets:
+            self.offsets[key] = await read()
+        while self.offsets[key] < last:
+            base = self.offsets[key]
+            counts: dict[str, int] = defaultdict(int)
+            for off, reason in by_offset.items():
+                if off > base:
+                    counts[reason] += 1
+            _, self.offsets[key] = await write(base, dict(counts))
+
+
+class BatchHandler:
+    """Stages and applies partition batches (see `checkpoint.Checkpoint` for the order)."""
+
+    def __init__(self, settings: Settings, ingestor: ScoreIngestor, folder: LabelFolder, counts: GlobalCounts,
+                 dead_letters: DeadLetters, wake: asyncio.Event) -> None:
+        self.settings, self.ingestor, self.folder = settings, ingestor, folder
+        self.counts, self.dead_letters, self.wake = counts, dead_letters, wake
+
+    async def stage(self, tp: TopicPartition, records, window: tuple[int, int], retry: bool = False
+                    ) -> StagedBatch | None:
+        """Parse a partition batch; for scores also aggregate it into INGEST calls.
+        `window`: the event times accepted (`Settings.event_time_window`); a score outside it is
+        dead-lettered (``event_time_in_future`` / ``event_time_too_late``) and creates no chunk.
+        None if Redis failed meanwhile (the batch is then staged again, `retry`, and re-raises)."""
+        values = [r.value for r in records]
+        stamps = [r.timestamp for r in records]
+        offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records))
+        if tp.topic != self.settings.topic_scores:
+            batch, rejects = parse_labels(values, stamps)
+            return StagedBatch(offsets, batch, list(rejects), None)
+        batch, rejects = parse_scores(values, stamps, self.settings.threshold_for, window=window)
+        prepared = None
+        if batch.index.size:
+            try:
+                prepared = await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
+                                                       batch.item_id, batch.score, batch.predicted_positive,
+                                                       batch.event_time_ms, batch.context, reload_offsets=retry)
+            except (RedisError, OSError, asyncio.TimeoutError):
+                if retry:
+                    raise
+                return None
+        return StagedBatch(offsets, batch, list(rejects), prepared)
+
+    async def apply(self, tp: TopicPartition, records, staged: StagedBatch) -> None:
+        """Apply a staged partition batch: state, service-wide counts, dead letters (acked)."""
+        offsets, batch, rejects = staged.offsets, staged.batch, staged.rejects
+        if staged.prepared is not None:
+            await self.ingestor.submit(staged.prepared)
+        elif tp.topic != self.settings.topic_scores and batch.index.size:
+            await self._fold_labels(tp, staged)
+        invalid = {int(offsets[i]): reason for i, reason, _ in rejects if reason not in LABEL_REJECTS.values()}
+        await self.counts.add_invalid(tp.topic, tp.partition, invalid, int(offsets[-1]))
+        await self.dead_letters.send(tp, records, rejects)
+
+    async def _fold_labels(self, tp: TopicPartition, staged: StagedBatch) -> None:
+        """Fold the labels; a label not folded (unknown request, duplicate, expired) is
+        dead-lettered with its outcome, and one naming no classifier counted service-wide."""
+        offsets, batch = staged.offsets, staged.batch
+        outcomes = await self.folder.apply(tp.partition, offsets[batch.index], batch.request_id, batch.label,
+                                           batch.labeler_id)
+        unknown_global = []
+        for o in outcomes:
+            pos = int(batch.index[o.index])
+            if o.outcome in LABEL_REJECTS:
+                staged.rejects.append((pos, LABEL_REJECTS[o.outcome],
+                                       f"label for request_id {batch.request_id[o.index]!r}: {o.outcome}"))
+            if o.classifier_id == "":  # names no classifier: counted service-wide
+                unknown_global.append(int(offsets[pos]))
+            if o.outcome in ("accepted", "skipped"):
+                self.wake.set()
+        await self.counts.add_unknown_labels(tp.partition, unknown_global, int(offsets[-1]))

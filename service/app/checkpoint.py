@@ -1,0 +1,127 @@
+"""The checkpoint: from a poll's records to committed Kafka offsets, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+from redis.exceptions import RedisError
+
+from .batch import BatchHandler, StagedBatch
+from .consumer import KafkaClients
+from .probes import Health
+
+log = logging.getLogger("stratameter")
+
+BACKOFF_MAX_S = 5.0
+COMMIT_INTERVAL_S = 0.2
+
+
+class Checkpoint:
+    """Stage, apply, commit: the one place where exactly-once is decided.
+
+    1. `stage`: parse each partition batch of a poll and, for scores, aggregate it into
+       INGEST calls (CPU work; Redis is only read).  Nothing is written, so the next poll
+       can be staged while the previous one is applied.
+    2. `apply`: apply each staged partition batch (`batch.BatchHandler.apply`): the
+       classifiers' state, the service-wide counts, then the batch's dead letters, produced
+       and acknowledged by the broker.  Every state write is an atomic Lua script that
+       compares the partition's last applied offset, stored in Redis beside the state it
+       guards, and changes the state and advances that offset in the same call (INGEST,
+       LABEL, GLOBAL_COUNT; see `service.state.scripts`).  If Redis fails, the whole batch
+       is staged again (offsets reloaded from Redis) and retried with backoff, never
+       skipped.  Only a batch applied in full has its next offset recorded for commit.
+    3. `commit`: commit the recorded offsets to Kafka (in the background, at most every
+       `COMMIT_INTERVAL_S`, and once more when the service stops).
+
+    Why each record changes the state exactly once, without Kafka transactions: an offset
+    is committed only after its batch was applied in full (2 before 3).  A crash before
+    the commit redelivers the batch from the last committed offset, and applying it again
+    changes nothing: each script finds the records' offsets already applied (INGEST and
+    GLOBAL_COUNT compare-and-set the stored offset, and the ingestor re-aggregates only the
+    records after it; LABEL answers ``replay`` for an offset at or below the stored one).
+    A crash after the commit loses nothing, the state being in Redis already; a late or
+    lost commit only makes that replay longer.  Two instances applying the same partition
+    during a rebalance meet at the same guards.  Dead letters are produced before the
+    commit, so they are at least once (a crash in between repeats them); their counts are
+    exactly once.  A batch still unapplied when the service stops (Redis down) is not
+    committed and is replayed by whoever consumes the partition next.
+    """
+
+    def __init__(self, batches: BatchHandler, kafka: KafkaClients, health: Health, stopping: asyncio.Event,
+                 wake: asyncio.Event) -> None:
+        self.batches, self.kafka, self.health = batches, kafka, health
+        self.stopping, self.wake = stopping, wake
+        self._to_commit: dict[TopicPartition, OffsetAndMetadata] = {}
+        self._commit_due = asyncio.Event()
+
+    # ---- 1. stage -----------------------------------------------------------------------
+    async def stage(self, work, window: tuple[int, int]) -> list[StagedBatch | None]:
+        """Stage a poll's (partition, records) pairs; None where Redis failed (`apply` redoes it).
+        `window`: the event times accepted, read from the wall clock once per poll and kept
+        when the poll is redone, so a retry judges each record as the first try did."""
+        return [await self.batches.stage(tp, records, window) for tp, records in work]
+
+    # ---- 2. apply -----------------------------------------------------------------------
+    async def apply(self, work, staged: list[StagedBatch | None], window: tuple[int, int]) -> None:
+        """Apply a staged poll, its partitions concurrently (offset guards are per partition,
+        so one partition's Python work overlaps another's Redis round trip); record the
+        offsets of the batches applied for `commit`."""
+        done = await asyncio.gather(*(self._apply_with_retry(tp, records, s, window)
+                                      for (tp, records), s in zip(work, staged)))
+        # not done: stopping while Redis was down; that batch replays after a restart
+        offsets = {tp: OffsetAndMetadata(records[-1].offset + 1, "") for (tp, records), ok in zip(work, done) if ok}
+        if offsets:
+            self._to_commit.update(offsets)
+            self._commit_due.set()
+            self.wake.set()
+
+    async def _apply_with_retry(self, tp: TopicPartition, records, staged: StagedBatch | None,
+                                window: tuple[int, int]) -> bool:
+        """True once applied; False if the service stops while Redis is down."""
+        backoff = 0.1
+        while True:
+            try:
+                if staged is None:  # staging failed, or a retry: the whole batch again (idempotent)
+                    staged = await self.batches.stage(tp, records, window, retry=True)
+                await self.batches.apply(tp, records, staged)
+                self.health.redis_ok()
+                return True
+            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+                staged = None  # redone with offsets reloaded from Redis (see ScoreIngestor.prepare)
+                self.health.redis_failed()
+                log.warning("redis unavailable; retrying batch: %r", exc)
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), backoff)
+                    return False
+                except asyncio.TimeoutError:
+                    backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    # ---- 3. commit ----------------------------------------------------------------------
+    async def commit(self) -> None:
+        """Commit the offsets recorded so far.  A failed commit is only logged: the state
+        is in Redis already, so it means no more than a replay that changes nothing."""
+        if not self._to_commit:
+            return
+        commits, self._to_commit = self._to_commit, {}
+        try:
+            await self.kafka.consumer.commit(commits)
+        except Exception as exc:  # noqa: BLE001 - a lost commit only means a harmless replay
+            log.warning("offset commit failed; the batch will be replayed idempotently", extra={"error": repr(exc)})
+
+    async def commit_forever(self) -> None:
+        """Commit in the background, at most every `COMMIT_INTERVAL_S`, until stopping (not
+        waiting for a commit keeps a Kafka round trip out of every batch)."""
+        while not self.stopping.is_set():
+            try:
+                await asyncio.wait_for(self._commit_due.wait(), COMMIT_INTERVAL_S)
+            except asyncio.TimeoutError:
+                continue  # nothing recorded; look at `stopping` again
+            self._commit_due.clear()
+            await self.commit()
+            try:
+                await asyncio.wait_for(self.stopping.wait(), COMMIT_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,99 @@
+"""The Kafka clients of `stratameter run`: one consumer of the scores and labels topics
+(manual commits, see `checkpoint`), one producer (dead letters, label requests), and
+the consumer lag the metrics report."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from ..config import Settings
+from .group import leave_group_on_stop
+
+log = logging.getLogger("stratameter")
+
+#: Larger fetches keep aiokafka's prefetch buffer ahead of the CPU-bound batch processing (the
+#: fetcher runs on the same event loop, so it cannot refill the buffer while a batch is processed).
+FETCH_BYTES_PER_PARTITION = 8 << 20
+#: An empty labels partition must not hold a fetch that also carries scores.
+FETCH_MAX_WAIT_MS = 100
+
+
+class StartupError(RuntimeError):
+    """The service cannot start (wrong credentials, unreachable Kafka); the message holds no secret."""
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` (redis-py's repr, e.g. ``auth:AuthenticationError``, omits the message)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Rebalance(ConsumerRebalanceListener):
+    """Calls `on_revoked(partitions)` when the group takes partitions away (caches of
+    offsets read for them must be dropped: another instance may move them now)."""
+
+    def __init__(self, on_revoked: Callable[[list[TopicPartition]], None]) -> None:
+        self.on_revoked = on_revoked
+
+    async def on_partitions_revoked(self, revoked):
+        self.on_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        log.info("partitions assigned", extra={"partitions": sorted(f"{t.topic}:{t.partition}" for t in assigned)})
+
+
+class KafkaClients:
+    """The producer and the consumer (subscribed to the scores and labels topics)."""
+
+    def __init__(self, settings: Settings, listener: Rebalance) -> None:
+        self.settings, self.listener = settings, listener
+        self.producer: AIOKafkaProducer | None = None
+        self.consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        """Start both clients.  Raises `StartupError` when Kafka cannot be bootstrapped
+        (`stop` still closes whatever was created)."""
+        s = self.settings
+        kafka = s.kafka_client_kwargs()
+        try:
+            self.producer = AIOKafkaProducer(acks="all", linger_ms=5, enable_idempotence=False, **kafka)
+            await self.producer.start()
+            self.consumer = AIOKafkaConsumer(
+                group_id=s.kafka_consumer_group, enable_auto_commit=False, auto_offset_reset="earliest",
+                session_timeout_ms=s.kafka_session_timeout_ms, heartbeat_interval_ms=500,
+                max_poll_records=s.batch_max_records, max_partition_fetch_bytes=FETCH_BYTES_PER_PARTITION,
+                fetch_max_wait_ms=FETCH_MAX_WAIT_MS, **kafka)
+            self.consumer.subscribe([s.topic_scores, s.topic_labels], listener=self.listener)
+            await self.consumer.start()
+        except KafkaError as exc:
+            how = s.kafka_security_protocol + (f" with SASL {s.kafka_sasl_mechanism} as user {s.kafka_sasl_username!r}"
+                                               if s.kafka_security_protocol.startswith("SASL_") else "")
+            raise StartupError(f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
+                               "the aiokafka log line above has the broker's answer") from None
+
+    async def stop(self) -> None:
+        """Leave the group at once (the SIGTERM handover, see `group`), then close both."""
+        if self.consumer is not None:
+            try:
+                leave_group_on_stop(self.consumer)
+            except Exception:  # pragma: no cover - best effort
+                pass
+            await self.consumer.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+
+
+async def refresh_lag(consumer: AIOKafkaConsumer, lag: dict[tuple[str, int], int]) -> None:
+    """Records behind the partition end, per assigned (topic, partition), into `lag`."""
+    try:
+        for tp in consumer.assignment():
+            hw = consumer.highwater(tp)
+            pos = await consumer.position(tp) if hw is not None else None
+            if hw is not None and pos is not None:
+                lag[(tp.topic, tp.partition)] = max(0, hw - pos)
+    except Exception:  # noqa: BLE001 - lag is informative only
+        pass

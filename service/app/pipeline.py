@@ -1,0 +1,48 @@
+"""The two-stage consume pipeline: poll, stage this poll (CPU) while the previous poll's
+Redis calls are in flight, and apply this poll only once the previous one is applied
+(`checkpoint.Checkpoint` holds the steps and the exactly-once argument)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ..config import Settings
+from .checkpoint import BACKOFF_MAX_S, Checkpoint
+from .consumer import KafkaClients, refresh_lag
+
+log = logging.getLogger("stratameter")
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, kafka: KafkaClients, checkpoint: Checkpoint, stopping: asyncio.Event,
+                 lag: dict[tuple[str, int], int]) -> None:
+        self.settings, self.kafka, self.checkpoint = settings, kafka, checkpoint
+        self.stopping, self.lag = stopping, lag
+
+    async def consume_forever(self) -> None:
+        """Until stopping; then apply and commit the poll in hand before the consumer stops."""
+        backoff = 0.1
+        inflight: asyncio.Task | None = None  # the previous poll being applied
+        while not self.stopping.is_set():
+            try:
+                batches = await self.kafka.consumer.getmany(timeout_ms=200, max_records=self.settings.batch_max_records)
+            except Exception as exc:  # noqa: BLE001 - the client retries; we back off and report not ready
+                log.warning("kafka poll failed", extra={"error": repr(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                continue
+            backoff = 0.1
+            work = [(tp, records) for tp, records in batches.items() if records]
+            # The event times accepted, from the wall clock once per poll (and kept when the poll is
+            # redone after a Redis failure, so a retry judges each record as the first try did).
+            window = self.settings.event_time_window(int(time.time() * 1000))
+            staged = await self.checkpoint.stage(work, window)
+            if inflight is not None:
+                await inflight
+            inflight = asyncio.create_task(self.checkpoint.apply(work, staged, window))
+            await refresh_lag(self.kafka.consumer, self.lag)
+        if inflight is not None:
+            await inflight
+        await self.checkpoint.commit()  # the batch in hand, before the consumer stops

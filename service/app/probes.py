@@ -1,0 +1,74 @@
+"""Readiness: Kafka and Redis each answered within the last few seconds.
+
+aiokafka never raises while a broker is unreachable (it waits and retries), so
+readiness cannot be inferred from polling: both backends are probed.  The batch
+retries and the request loop also report Redis failures and successes here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.exceptions import AuthenticationError
+
+from ..config import Settings, mask_url
+from .consumer import StartupError, describe
+
+log = logging.getLogger("stratameter")
+
+PROBE_INTERVAL_S = 2.0
+READY_WINDOW_S = 3 * PROBE_INTERVAL_S
+
+
+class Health:
+    """When Kafka and Redis last answered (`time.time()`; 0: not since the last failure)."""
+
+    def __init__(self) -> None:
+        self.kafka_ok_at = 0.0
+        self.redis_ok_at = 0.0
+
+    def ready(self) -> bool:
+        """Kafka and Redis both answered a probe within the last `READY_WINDOW_S`."""
+        now = time.time()
+        return now - self.kafka_ok_at < READY_WINDOW_S and now - self.redis_ok_at < READY_WINDOW_S
+
+    def redis_ok(self) -> None:
+        self.redis_ok_at = time.time()
+
+    def redis_failed(self) -> None:
+        self.redis_ok_at = 0.0
+
+    async def probe_forever(self, kafka: Callable[[], Awaitable], redis: Callable[[], Awaitable],
+                            stopping: asyncio.Event) -> None:
+        """Probe Kafka (`kafka()`, a metadata request) and Redis (`redis()`, PING) every
+        `PROBE_INTERVAL_S` until `stopping` is set."""
+        while not stopping.is_set():
+            for probe, mark in ((kafka, "kafka_ok_at"), (redis, "redis_ok_at")):
+                try:
+                    await asyncio.wait_for(probe(), PROBE_INTERVAL_S)
+                    setattr(self, mark, time.time())
+                except Exception as exc:  # noqa: BLE001 - any failure means not ready
+                    log.warning("%s probe failed: %s", mark.split("_")[0], describe(exc))
+            try:
+                await asyncio.wait_for(stopping.wait(), PROBE_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+
+
+async def check_redis(redis: Redis, settings: Settings) -> None:
+    """At start: raise `StartupError` (a message without secrets) when Redis rejects the
+    credentials; Redis being merely down is reported by readiness instead."""
+    try:
+        await asyncio.wait_for(redis.ping(), PROBE_INTERVAL_S)
+    except AuthenticationError as exc:
+        user = settings.redis_username or urlsplit(settings.redis_url).username or "default"
+        raise StartupError(f"Redis at {mask_url(settings.redis_url)} rejected the credentials of user "
+                           f"{user!r}: {describe(exc)} (check STRATAMETER_REDIS_USERNAME / "
+                           "STRATAMETER_REDIS_PASSWORD)") from None
+    except Exception as exc:  # noqa: BLE001 - down or unreachable: readiness reports it, we keep trying
+        log.warning("redis not reachable at start: %s", describe(exc))
