@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .embedded import LOCALHOST, BackendError, EmbeddedKafka, EmbeddedRedis, find_free_port, kafka_metadata
+from service.embedded import LOCALHOST, BackendError, EmbeddedKafka, EmbeddedRedis, find_free_port, kafka_metadata
 
 __all__ = ["EmbeddedKafkaBehind", "EmbeddedSecureRedis", "KafkaSecurityProxy", "TlsFiles", "make_tls_files", "openssl_binary",
            "server_ssl_context"]

@@ -2,7 +2,7 @@
 (server and client certificates), Redis ACL users and TLS (rediss://), secrets from env
 and from mounted files, and that no secret ever reaches the logs, /metrics or /v1.
 
-Peers (see service/embedded_tls.py for why):
+Peers (see tests/embedded_tls.py for why):
 
 * Redis: redis-server itself with ``--user`` ACLs (``default`` disabled) and ``--tls-port``
   (client certificates required), certificates from a throw-away CA made with openssl.
@@ -34,7 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from service.app.runner import Service, StartupError
 from service.config import ConfigError, load_settings
 from service.embedded import BackendError, EmbeddedRedis, find_free_port, redis_binary
-from service.embedded_tls import (
+from tests.embedded_tls import (
     EmbeddedKafkaBehind,
     EmbeddedSecureRedis,
     KafkaSecurityProxy,

@@ -1,0 +1,48 @@
+"""No product module imports test infrastructure: nothing under service/ or schemas/ imports
+`tests`, and `stratameter run` (service/app, service/state and what they use) does not import
+the local backend launcher (`service.embedded`, for the demo, bench, soak and tests)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Product modules that may start the bundled broker and Redis (`service.embedded`).
+LAUNCHER_USERS = ("service/demo/", "service/bench/", "service/soak/", "service/embedded.py")
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of every module `path` imports (relative imports resolved)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            out.add(module)
+            out |= {f"{module}.{a.name}" for a in node.names}
+    return out
+
+
+def _product_modules() -> list[Path]:
+    return sorted(p for d in ("service", "schemas") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_no_product_module_imports_tests():
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m == "tests" or m.startswith("tests."))
+           for p in _product_modules()}
+    assert not {p: m for p, m in bad.items() if m}
+
+
+def test_only_the_tools_import_the_local_backend_launcher():
+    users = {str(p.relative_to(ROOT)) for p in _product_modules()
+             if any(m == "service.embedded" or m.startswith("service.embedded.") for m in _imports(p))}
+    assert users and all(u.startswith(LAUNCHER_USERS) for u in users), users
+
+
+def test_tls_test_peers_live_under_tests():
+    assert not (ROOT / "service" / "embedded_tls.py").exists()
+    assert (ROOT / "tests" / "embedded_tls.py").exists()
