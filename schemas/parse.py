@@ -432,6 +432,7 @@ def parse_scores(
     bad: list[int] = []
     note = bad.append
     decode, decode_extra, loads, dumps = _decode_score, _decode_score_extra, orjson.loads, orjson.dumps
+    extra = False  # a record had fields of the producer's own (see `_decode_score_extra`)
     known = thresholds.get
     lo, hi = EPOCH_MS_FROM, MAX_EPOCH_MS  # an int event_time in here is epoch ms as it is
     to_ms = event_time_to_ms
@@ -440,11 +441,16 @@ def parse_scores(
             note(i)
             continue
         try:
-            r = decode(v)
+            if extra:  # as exact as `decode` for a record without such fields, only slower
+                loads(v)
+                r = decode_extra(v)
+            else:
+                r = decode(v)
         except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
             try:
                 loads(v)
                 r = decode_extra(v)
+                extra = True  # the next records likely have such fields too: read them so first
             except Exception:
                 note(i)
                 continue
@@ -583,17 +589,23 @@ def parse_labels(
     bad: list[int] = []
     note = bad.append
     decode, decode_extra, loads = _decode_label, _decode_label_extra, orjson.loads
+    extra = False
     lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
     for i, v, ts in zip(range(n), values, timestamps_ms):
         if not v or len(v) > max_bytes:
             note(i)
             continue
         try:
-            r = decode(v)
+            if extra:  # as exact as `decode` for a record without such fields, only slower
+                loads(v)
+                r = decode_extra(v)
+            else:
+                r = decode(v)
         except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
             try:
                 loads(v)
                 r = decode_extra(v)
+                extra = True  # the next records likely have such fields too: read them so first
             except Exception:
                 note(i)
                 continue

@@ -583,6 +583,36 @@ def test_parse_scores_agrees_with_the_reference_on_raw_bytes(value, threshold, w
     assert got == (cid, item, float(score), bool(pp), et, ctx), value
 
 
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_raw_values(_FIELDS), st.builds(orjson.dumps, score_records()), st.none()), max_size=8),
+       st.floats(-10, 10), _windows)
+@example([enc(), enc(event_time=TS + 1), enc(event_time=TS + 10**8 + 1)], 0.5, (TS + 1, TS + 10**8))  # window edges
+@example([enc(event_time=TS - 1), enc(), enc(event_time=TS + 1)], 0.5, (TS, TS))
+@example([enc(), enc(event_time=TS + 2)], 0.5, (TS + 1, TS + 10**8))  # only the lower edge
+@example([enc(event_time=TS + 2), enc()], 0.5, (TS - 10**8, TS + 1))  # only the upper edge
+@example([enc(model_version="7"), b'{"classifier_id":"a","item_id":"b","score":0.5,"x":"\xff"}',
+          b'{"classifier_id":"a","item_id":"b","score":0.5,"x":1e999}', enc()], 0.5, None)
+@example([enc(context={"k": "v"}), enc(context={"k": "x" * MAX_CONTEXT_BYTES}), enc(predicted_positive=False),
+          enc(classifier_id="a b"), enc(event_time="2024-06-10T08:13:20Z"), enc(event_time=1_718_000_000)], 0.5, None)
+def test_parse_scores_agrees_with_the_reference_record_by_record_in_a_batch(values, threshold, window):
+    # a batch decodes in one pass when every record is plain, else record by record (and,
+    # after a record with a producer's own field, reads the next ones that way first)
+    batch, rejects = parse_scores(values, [TS] * len(values), threshold, window=window)
+    _check_partition(len(values), batch, rejects)
+    rows = dict(zip(batch.index.tolist(), zip(batch.classifier_id, batch.item_id, batch.score.tolist(),
+                                               batch.predicted_positive.tolist(), batch.event_time_ms.tolist(),
+                                               batch.context)))
+    reasons = {r.index: r.reason for r in rejects}
+    for i, value in enumerate(values):
+        ref = _reference(value, lambda r: parse_mod._score_row(r, TS, lambda cid: threshold,
+                                                               parse_mod._ANY_TIME if window is None else window))
+        if len(ref) == 2:
+            assert reasons[i] == ref[0], (value, ref)
+        else:
+            cid, item, score, pp, et, ctx = ref
+            assert rows[i] == (cid, item, float(score), bool(pp), et, ctx), value
+
+
 _LABEL_FIELDS = {
     "request_id": (st.text(min_size=1, max_size=5), st.one_of(st.text(min_size=255, max_size=258), _int64, st.none())),
     "label": (st.one_of(st.booleans(), st.none()), st.one_of(st.integers(0, 1), st.text(max_size=4), _absent)),
