@@ -111,3 +111,39 @@ def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
     assert len(out) == 1
     doc = json.loads(out[0])
     assert KEYS <= set(doc) and doc["records_counted"] == 600
+
+
+async def test_a_refused_batch_is_redone_from_the_stored_offset_not_a_later_prediction(redis_url, unique_name):
+    """The ingest yields while it aggregates (so the previous poll's Redis calls overlap it): a
+    batch can then be prepared between another batch's refusal and its redo.  The redo starts
+    from the offset the refusal reported, not from the cache, where the later batch has put its
+    own prediction; otherwise the refused batch's records would be dropped."""
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("redo"))
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
+    t0, rng = 1_800_000_000_000, np.random.default_rng(2)
+
+    def batch(first: int, n: int = 100) -> tuple:
+        return (0, np.arange(first, first + n), ["clf"] * n, [f"i{first + i}" for i in range(n)],
+                rng.uniform(0.5, 1.0, n), np.ones(n, bool), np.full(n, t0), [None] * n)
+
+    assert await ingest.apply(*batch(0)) == 100
+    ingest._offsets[("clf", 0)] = 50  # stale (another writer moved it): the next INGEST is refused
+    b = await ingest.prepare(*batch(100))
+    later: list = []
+    calls = ingest._calls
+
+    async def between_refusal_and_redo(*args, **kwargs):
+        if not later:  # the batch after it is prepared meanwhile (and predicts offset 299)
+            later.append(None)
+            later[0] = await ingest.prepare(*batch(200))
+        return await calls(*args, **kwargs)
+
+    ingest._calls = between_refusal_and_redo
+    assert await ingest.submit(b) == 100
+    ingest._calls = calls
+    assert ingest._offsets[("clf", 0)] >= 199
+    assert await ingest.submit(later[0]) == 100
+    assert int((await store.classifier_summary("clf"))["meta"]["scores_total"]) == 300
+    await redis.aclose()

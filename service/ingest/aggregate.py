@@ -35,7 +35,7 @@ class ClassifierRecords:
     offsets: np.ndarray  # int64, increasing
     rows: np.ndarray  # positions in the batch-wide lists
     items: list  # batch-wide item ids
-    contexts: list  # batch-wide contexts (bytes | None)
+    contexts: list  # batch-wide contexts (compact JSON text or bytes, or None)
     score: np.ndarray  # float64
     positive: np.ndarray  # bool
     event_ms: np.ndarray  # int64
@@ -88,9 +88,21 @@ def _pairs(keys: np.ndarray, counts: np.ndarray) -> list[int]:
     return out.tolist()
 
 
-def member(item_id: str, score: float, context: bytes | None) -> str:
+def member(item_id: str, score: float, context: str | bytes | None) -> str:
     """The reservoir entry of one item (what a label request needs)."""
     return orjson.dumps({"i": item_id, "s": score, "x": orjson.Fragment(context) if context else None}).decode()
+
+
+def _candidates(recs: ClassifierRecords, sel: np.ndarray, priority: np.ndarray) -> list:
+    """Flat ``[priority, member, ...]`` of the records at positions `sel` (Python floats and
+    strings, converted from the arrays once rather than per element)."""
+    items, contexts = recs.items, recs.contexts
+    members = [member(items[row], s, contexts[row])
+               for row, s in zip(recs.rows[sel].tolist(), recs.score[sel].tolist())]
+    out: list = [None] * (2 * len(members))
+    out[0::2] = priority[sel].tolist()
+    out[1::2] = members
+    return out
 
 
 def score_counts(scores: np.ndarray) -> list:
@@ -136,11 +148,7 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
                     continue
             if in_k.size > reservoir_size:
                 in_k = in_k[np.argpartition(priority[in_k], reservoir_size - 1)[:reservoir_size]]
-            args: list = []
-            for i in in_k:
-                args.append(float(priority[i]))
-                args.append(member(recs.item_id(i), float(recs.score[i]), recs.context(i)))
-            res.append([int(k), args])
+            res.append([int(k), _candidates(recs, in_k, priority)])
         lo, hi = float(s.min()), float(s.max())
         entry = {
             "t": str(int(t)), "hist": _pairs(buckets, bcounts), "N": _pairs(strata, scounts), "res": res,

@@ -22,6 +22,7 @@ the wrong stratum.  The request loop does not sample a provisional chunk.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -108,7 +109,15 @@ class ScoreIngestor:
 
         `reload_offsets` (a retry after a Redis failure) ignores predictions:
         they may come from a later batch prepared meanwhile, and filtering this
-        batch's records against them would drop records never applied."""
+        batch's records against them would drop records never applied.
+
+        It yields to the event loop first and after each classifier's aggregation: the
+        consume pipeline stages a poll while the previous poll is applied, and without
+        yields the apply task (created just before) would not send its Redis calls until
+        the whole poll was staged, so Redis and this CPU work would take turns instead of
+        overlapping.  (So a batch may be prepared between another's refusal and its redo:
+        `submit` redoes from the offsets the refusals report, never from the cache.)"""
+        await asyncio.sleep(0)
         groups = group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts)
         return PreparedBatch(partition, await self._calls(partition, groups, reload_offsets))
 
@@ -118,7 +127,7 @@ class ScoreIngestor:
         partition, calls = prepared.partition, prepared.calls
         while calls:
             results = await self.store.apply_ingest([c for _, c in calls])
-            todo, restratify = [], []
+            todo, restratify, base = [], [], {}
             for (r, call), (applied, stored, cutoffs, refused) in zip(calls, results):
                 key = (r.classifier_id, partition)
                 self._note_cutoffs(r.classifier_id, cutoffs)
@@ -132,18 +141,33 @@ class ScoreIngestor:
                         if reason == RESTRATIFY_FIRST:
                             restratify.append((r, t))
                     todo.append(r)
+                    base[r.classifier_id] = stored
             for r, t in restratify:
                 await self._restratify(r, t)
-            calls = await self._calls(partition, todo) if todo else []
+            # from the offsets the refusals reported, not from the cache: a later batch prepared
+            # meanwhile may have put its own predictions there
+            calls = await self._calls(partition, todo, base=base) if todo else []
         return counted
 
-    async def _calls(self, partition: int, groups: list[ClassifierRecords], reload: bool = False) -> list[tuple]:
+    async def _calls(self, partition: int, groups: list[ClassifierRecords], reload: bool = False,
+                     base: dict[str, int] | None = None) -> list[tuple]:
+        """The INGEST calls of `groups`, each expecting the stored offset `base` gives for its
+        classifier or, without `base`, the cached (written or predicted) one, loaded on a miss
+        (and always with `reload`)."""
+        if base is not None:
+            return await self._payloads(partition, groups, base)
         need = [g.classifier_id for g in groups if reload or (g.classifier_id, partition) not in self._offsets]
         stored = await self.store.scores_offsets(need, partition) if need else {}
         self._offsets.update({(cid, partition): off for cid, off in stored.items()})
         # this batch's own view of the offsets: awaits above let other batches update the cache
         expected = {g.classifier_id: stored.get(g.classifier_id, self._offsets.get((g.classifier_id, partition), -1))
                     for g in groups}
+        return await self._payloads(partition, groups, expected)
+
+    async def _payloads(self, partition: int, groups: list[ClassifierRecords], expected: dict[str, int]
+                        ) -> list[tuple]:
+        """Aggregate the records of each group above its `expected` offset into an INGEST call,
+        and predict the call's new offset."""
         fresh = [r for r in (g.after(expected[g.classifier_id]) for g in groups) if r.size]
         if not fresh:
             return []
@@ -159,6 +183,7 @@ class ScoreIngestor:
             new = int(r.offsets[-1])
             calls.append((r, (cid, partition, expected[cid], new, orjson.dumps(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
+            await asyncio.sleep(0)  # see `prepare`
         return calls
 
     def _note_cutoffs(self, cid: str, cutoffs) -> None:
