@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from schemas.parse import score_record_bytes
+
 CHUNK_MS = 3_600_000  # the service's default chunk (STRATAMETER_CHUNK_SECONDS=3600)
 
 
@@ -109,10 +111,9 @@ def score_values(records: int, classifiers: int, seed: int = 0, now_ms: int | No
     event = chunk_start + (np.arange(records, dtype=np.int64) * (now_ms - chunk_start)) // max(records, 1)
     sources = ("web", "mobile", "api")
     cids = classifier_ids(classifiers)
-    dumps = orjson.dumps
     values = [
-        dumps({"classifier_id": cids[c], "item_id": f"item-{i:09d}", "score": round(s, 6),
-               "event_time": e, "context": {"source": sources[i % 3], "locale": "en-US", "session": f"s{i % 9973:05d}"}})
+        score_record_bytes(cids[c], f"item-{i:09d}", round(s, 6), event_time=e,
+                           context={"source": sources[i % 3], "locale": "en-US", "session": f"s{i % 9973:05d}"})
         for i, (c, s, e) in enumerate(zip(which.tolist(), scores.tolist(), event.tolist()))
     ]
     return which, values
