@@ -1,0 +1,296 @@
+"""`Settings`: each setting declared once, with its check, default and marks; `ClassifierConfig` derived.
+
+A field reads ``name: Annotated[type, check, mark...] = default``.  The check (`.checks`) runs on
+``STRATAMETER_<NAME>`` and, for a per-classifier setting, on the overrides file alike; the marks
+(`Mark`) say what else the field is: FROM_FILE (a ``*_FILE`` variant), OVERRIDE (may differ per
+classifier, README's ``*``), CARRY (per classifier, the same for all).  `ClassifierConfig`,
+`OVERRIDABLE` and `FILE_SECRETS` are read off these declarations; tests/test_config_docs.py holds
+README's "Configuration" table and the Helm chart to them.
+"""
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, get_args
+from urllib.parse import urlsplit
+
+import orjson
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, create_model,
+                      model_validator)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from schemas.messages import (
+    CLASSIFIER_ID_RULE,
+    TOPIC_DEAD_LETTER,
+    TOPIC_LABEL_REQUESTS,
+    TOPIC_LABELS,
+    TOPIC_SCORES,
+    event_time_window,
+    is_classifier_id,
+)
+
+from ..stats.allocation import ALLOCATIONS
+from ..stats.calibration import SCORE_KINDS
+from ..stats.strata import STRATIFICATIONS
+from .checks import (
+    ENV_PREFIX,
+    ConfigError,
+    Mark,
+    check,
+    env_var,
+    field_errors,
+    finite,
+    host_port_list,
+    in_range,
+    name_chars,
+    nonempty,
+    one_of,
+    open_interval,
+    positive,
+    readable_file,
+    topic,
+    valid_redis_url,
+)
+from .clients import ClientOptions
+from .source import ENVIRON, EnvSource
+
+SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+OVERRIDE, CARRY, FROM_FILE = Mark.OVERRIDE, Mark.CARRY, Mark.FROM_FILE
+AtLeast1 = Annotated[int, in_range(1)]
+NonEmpty = Annotated[str, check(nonempty)]
+Topic = Annotated[str, check(topic)]
+ReadableFile = Annotated[Path, check(readable_file)] | None
+UserName = Annotated[str | None, FROM_FILE]
+Password = Annotated[SecretStr | None, FROM_FILE]
+
+
+def _default_instance_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9._:-]", "-", socket.gethostname()) or "localhost"
+    return f"{host[:200]}-{os.getpid()}"
+
+
+class Settings(ClientOptions, BaseSettings):
+    """All settings (README "Configuration").  Build with `load_settings()`.
+
+    ``Settings()`` reads ``os.environ`` too, and like `load_settings` raises
+    `ConfigError` naming the variables.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid")
+
+    kafka_bootstrap_servers: Annotated[str, check(host_port_list)] = "localhost:9092"
+    kafka_consumer_group: NonEmpty = "stratameter"
+    kafka_security_protocol: Annotated[str, one_of(SECURITY_PROTOCOLS, str.upper)] = "PLAINTEXT"
+    kafka_sasl_mechanism: Annotated[str, one_of(SASL_MECHANISMS, str.upper)] = "PLAIN"
+    kafka_sasl_username: UserName = None  # required with SASL_* (below)
+    kafka_sasl_password: Password = None
+    kafka_ssl_cafile: ReadableFile = None
+    kafka_ssl_certfile: ReadableFile = None
+    kafka_ssl_keyfile: ReadableFile = None  # needs the certfile
+    kafka_session_timeout_ms: Annotated[int, in_range(1000)] = 10_000
+    redis_url: Annotated[str, check(valid_redis_url)] = "redis://localhost:6379/0"
+    redis_username: UserName = None
+    redis_password: Password = None
+    redis_ssl_cafile: ReadableFile = None  # the three: rediss:// only
+    redis_ssl_certfile: ReadableFile = None
+    redis_ssl_keyfile: ReadableFile = None
+    redis_key_prefix: Annotated[str, name_chars("the prefix")] = "stratameter"
+    http_host: NonEmpty = "0.0.0.0"
+    http_port: Annotated[int, in_range(1, 65535)] = 9108
+    topic_scores: Topic = TOPIC_SCORES  # the four topics must differ
+    topic_label_requests: Topic = TOPIC_LABEL_REQUESTS
+    topic_labels: Topic = TOPIC_LABELS
+    topic_dead_letter: Topic = TOPIC_DEAD_LETTER
+    # per classifier: OVERRIDE may differ per classifier (CLASSIFIERS_CONFIG_FILE), CARRY is the same for all
+    delta: Annotated[float, open_interval(0, 0.5), OVERRIDE] = 0.02
+    confidence: Annotated[float, open_interval(0.5, 1), OVERRIDE] = 0.95
+    strata: Annotated[int, in_range(1, 20), OVERRIDE] = 4
+    stratification: Annotated[str, one_of(STRATIFICATIONS), OVERRIDE] = "perc"
+    allocation: Annotated[str, one_of(ALLOCATIONS), OVERRIDE] = "opt_track"
+    threshold: Annotated[float, check(finite), OVERRIDE] = 0.5
+    score_kind: Annotated[str, one_of(SCORE_KINDS), OVERRIDE] = "auto"
+    chunk_seconds: Annotated[AtLeast1, CARRY] = 3600
+    max_labels_per_hour: Annotated[AtLeast1, OVERRIDE] = 500
+    label_timeout_seconds: Annotated[float, check(positive), OVERRIDE] = 86400.0
+    round_labels_per_stratum: Annotated[AtLeast1, CARRY] = 2
+    stop_rounds: Annotated[AtLeast1, CARRY] = 2
+    reservoir_size: Annotated[int, in_range(8, 100_000), CARRY] = 1024
+    chunk_retention: Annotated[AtLeast1, CARRY] = 24
+    history_chunks: Annotated[AtLeast1, CARRY] = 168
+    request_retention_seconds: Annotated[float, check(positive), CARRY] = 7 * 86400.0
+    max_event_time_skew_seconds: Annotated[int, in_range(0), CARRY] = 300
+    # at most history_chunks x chunk_seconds; left unset, 300 or that product if smaller (below)
+    allowed_lateness_seconds: Annotated[int, in_range(0), CARRY] = 300
+    # process
+    batch_max_records: AtLeast1 = 5000
+    dead_letter_max_per_second: Annotated[float, check(positive)] = 1000.0
+    log_level: Annotated[str, one_of(LOG_LEVELS, str.upper)] = "INFO"
+    instance_id: Annotated[str, name_chars("the id")] = Field(default_factory=_default_instance_id)
+    classifiers_config_file: Path | None = None
+
+    _defaults: BaseModel = PrivateAttr()
+    _overrides: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
+    _cache: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(field_errors(exc, env_var, lambda f: f in _SECRETS)) from None
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = ENVIRON.get()
+        return init_settings, EnvSource(settings_cls, os.environ if environ is None else environ)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        errors = _cross_field_errors(self)
+        held = self.history_chunks * self.chunk_seconds  # seconds of event time still held
+        if self.allowed_lateness_seconds > held:
+            if "allowed_lateness_seconds" in self.model_fields_set:
+                errors.append((env_var("allowed_lateness_seconds"),
+                               f"must be at most {env_var('history_chunks')} x {env_var('chunk_seconds')} = "
+                               f"{self.history_chunks} x {self.chunk_seconds} = {held} (a chunk must close while "
+                               f"it is still held), got {self.allowed_lateness_seconds}"))
+            else:  # the default never outlasts the history (short chunks in tests and demos)
+                self.__dict__["allowed_lateness_seconds"] = held
+        if errors:
+            raise ConfigError(errors)
+        self._defaults = ClassifierConfig(**{k: getattr(self, k) for k in PER_CLASSIFIER})
+        if self.classifiers_config_file is not None:
+            self._overrides = _load_overrides(self.classifiers_config_file, self._defaults)
+        return self
+
+    # ---- per classifier
+
+    def defaults(self) -> "ClassifierConfig":
+        """The per-classifier settings of a classifier without overrides (``classifier_id=None``)."""
+        return self._defaults
+
+    def for_classifier(self, cid: str) -> "ClassifierConfig":
+        """The effective `ClassifierConfig` of classifier `cid`: its overrides, else the global values."""
+        cfg = self._cache.get(cid)
+        if cfg is None:
+            cfg = self._overrides.get(cid)
+            if cfg is None:
+                cfg = self._defaults.model_copy(update={"classifier_id": cid})
+            if len(self._cache) >= 10_000:
+                self._cache.clear()
+            self._cache[cid] = cfg
+        return cfg
+
+    def event_time_window(self, now_ms: int) -> tuple[int, int]:
+        """The event times (epoch ms, both ends included) a score is accepted with at wall-clock
+        `now_ms`: the `window` of `schemas.parse.parse_scores` (see `schemas.messages.event_time_window`)."""
+        return event_time_window(now_ms, self.chunk_seconds, self.max_event_time_skew_seconds,
+                                 self.allowed_lateness_seconds)
+
+    def threshold_for(self, cid: str) -> float:
+        """The decision threshold of `cid` (the `threshold_for` of `schemas.parse.parse_scores`)."""
+        return self.for_classifier(cid).threshold  # type: ignore[no-any-return]
+
+    @property
+    def overridden_classifiers(self) -> tuple[str, ...]:
+        return tuple(sorted(self._overrides))
+
+
+def _cross_field_errors(s: Settings) -> list[tuple[str, str]]:
+    """The rules that tie settings together (the lateness bound aside), in the order they are reported."""
+    errors: list[tuple[str, str]] = []
+    if s.kafka_security_protocol.startswith("SASL_"):
+        for name in ("kafka_sasl_username", "kafka_sasl_password"):
+            if getattr(s, name) is None:
+                errors.append((env_var(name), f"required when {env_var('kafka_security_protocol')} "
+                                              f"is {s.kafka_security_protocol}"))
+    for side in ("kafka", "redis"):
+        if getattr(s, f"{side}_ssl_keyfile") is not None and getattr(s, f"{side}_ssl_certfile") is None:
+            errors.append((env_var(f"{side}_ssl_keyfile"), f"needs {env_var(f'{side}_ssl_certfile')}"))
+    if not s.redis_url.startswith("rediss://"):
+        for name in ("redis_ssl_cafile", "redis_ssl_certfile", "redis_ssl_keyfile"):
+            if getattr(s, name) is not None:
+                errors.append((env_var(name), f"needs a rediss:// {env_var('redis_url')} (TLS), got "
+                                              f"{urlsplit(s.redis_url).scheme}://"))
+    seen: dict[str, str] = {}
+    for name in ("topic_scores", "topic_label_requests", "topic_labels", "topic_dead_letter"):
+        topic_name = getattr(s, name)
+        if topic_name in seen:
+            errors.append((env_var(name),
+                           f"{topic_name!r} is also {env_var(seen[topic_name])}; the topics must differ"))
+        seen.setdefault(topic_name, name)
+    return errors
+
+
+# --------------------------------------------------------------------------- read off the declarations
+
+_FIELDS = Settings.model_fields
+#: the settings of one classifier (`ClassifierConfig`): those marked OVERRIDE or CARRY
+PER_CLASSIFIER: tuple[str, ...] = tuple(n for n, f in _FIELDS.items() if OVERRIDE in f.metadata or CARRY in f.metadata)
+#: keys allowed per classifier in the overrides file
+OVERRIDABLE: tuple[str, ...] = tuple(n for n, f in _FIELDS.items() if OVERRIDE in f.metadata)
+#: settings that may also come from a file named by the ``*_FILE`` variable
+FILE_SECRETS: tuple[str, ...] = tuple(n for n, f in _FIELDS.items() if FROM_FILE in f.metadata)
+_SECRETS = frozenset(n for n, f in _FIELDS.items() if SecretStr in get_args(f.annotation))
+
+ClassifierConfig: type[BaseModel] = create_model(
+    "ClassifierConfig",
+    __doc__="The effective settings of one classifier: the globals, with its overrides applied.",
+    __config__=ConfigDict(frozen=True, extra="forbid"),
+    __module__="service.config",
+    classifier_id=(str | None, None),
+    **{n: (_FIELDS[n].rebuild_annotation(), _FIELDS[n].default) for n in PER_CLASSIFIER},  # type: ignore[call-overload]
+)
+
+
+def _load_overrides(path: Path, defaults: BaseModel) -> dict[str, BaseModel]:
+    var = env_var("classifiers_config_file")
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError([(var, f"cannot read {str(path)!r}: {exc.strerror or exc}")]) from None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError([(var, f"{str(path)!r} is not valid JSON: {exc}")]) from None
+    if not isinstance(doc, dict):
+        raise ConfigError([(var, f"{str(path)!r} must hold a JSON object "
+                                 '{"<classifier_id>": {"<setting>": value, ...}, ...}')])
+    base = defaults.model_dump(exclude={"classifier_id"})
+    out: dict[str, BaseModel] = {}
+    errors: list[tuple[str, str]] = []
+    for cid, over in doc.items():
+        if not is_classifier_id(cid):
+            errors.append((var, f"{cid!r} is not a classifier id ({CLASSIFIER_ID_RULE})"))
+            continue
+        if not isinstance(over, dict):
+            errors.append((var, f"{cid}: must be an object of settings, got {type(over).__name__}"))
+            continue
+        unknown = sorted(set(over) - set(OVERRIDABLE))
+        if unknown:
+            errors.append((var, f"{cid}: unknown setting(s) {', '.join(map(repr, unknown))}; "
+                                f"allowed: {', '.join(OVERRIDABLE)}"))
+            continue
+        try:
+            out[cid] = ClassifierConfig.model_validate({**base, **over, "classifier_id": cid}, strict=True)
+        except ValidationError as exc:
+            errors.extend((var, f"{cid}.{field}: {msg}")
+                          for field, msg in field_errors(exc, lambda f: f, lambda f: False))
+    if errors:
+        raise ConfigError(errors)
+    return out
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from `env` (default: ``os.environ``).  Raises `ConfigError` naming the variables."""
+    token = ENVIRON.set(env)
+    try:
+        return Settings()
+    finally:
+        ENVIRON.reset(token)
