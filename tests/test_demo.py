@@ -29,7 +29,7 @@ MARKER = "STRATAMETER_DEMO_TEST_MARKER"
 
 def _env(marker: str) -> dict[str, str]:
     # No STRATAMETER_* settings (above all no KAFKA_BOOTSTRAP_SERVERS / REDIS_URL): the demo must
-    # start its own backends.  Only the binary overrides of service/embedded.py pass through.
+    # start its own backends.  Only the binary overrides of service/embedded/ pass through.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("STRATAMETER_") or k in ("STRATAMETER_TANSU_BIN", "STRATAMETER_REDIS_SERVER")}
     env[MARKER] = marker

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Product modules that may start the bundled broker and Redis (`service.embedded`).
-LAUNCHER_USERS = ("service/demo/", "service/bench/", "service/soak/", "service/embedded.py")
+LAUNCHER_USERS = ("service/demo/", "service/bench/", "service/soak/", "service/embedded/")
 
 
 def _imports(path: Path) -> set[str]:
