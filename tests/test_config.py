@@ -11,7 +11,9 @@ from pydantic import ValidationError
 
 from schemas.parse import parse_scores
 from service.config import (
+    FILE_SECRETS,
     OVERRIDABLE,
+    PER_CLASSIFIER,
     ClassifierConfig,
     ConfigError,
     Settings,
@@ -396,3 +398,15 @@ def test_overridable_keys_match_the_model():
     assert set(OVERRIDABLE) < set(ClassifierConfig.model_fields)
     assert set(OVERRIDABLE) == {"threshold", "delta", "confidence", "strata", "stratification", "allocation",
                                 "max_labels_per_hour", "label_timeout_seconds", "score_kind"}
+
+
+def test_per_classifier_settings_are_derived_from_the_declarations():
+    """`ClassifierConfig` has no declarations of its own: each field is the `Settings` field, check and default."""
+    assert list(ClassifierConfig.model_fields) == ["classifier_id", *PER_CLASSIFIER]
+    assert set(OVERRIDABLE) < set(PER_CLASSIFIER)
+    for name in PER_CLASSIFIER:
+        mine, declared = ClassifierConfig.model_fields[name], Settings.model_fields[name]
+        assert (mine.annotation, mine.default, mine.metadata) == (declared.annotation, declared.default,
+                                                                  declared.metadata), name
+    assert set(PER_CLASSIFIER) >= {"chunk_seconds", "reservoir_size", "history_chunks", "allowed_lateness_seconds"}
+    assert FILE_SECRETS == ("kafka_sasl_username", "kafka_sasl_password", "redis_username", "redis_password")
