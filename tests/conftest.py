@@ -12,10 +12,13 @@
   ``kafka_bootstrap``; ``.bootstrap`` for clients, ``.stop()``/``.start()`` for outages.
 * ``embedded_redis`` (function): a private ``EmbeddedRedis`` (always embedded, even
   when ``$STRATAMETER_TEST_REDIS_URL`` is set) for tests that stop or restart Redis.
+* ``store`` (function): a ``Store`` on ``redis_url`` under a fresh key prefix
+  (``store.redis`` is its client, closed after the test).
 
-Consumers in tests: use ``session_timeout_ms=6000, heartbeat_interval_ms=500`` and call
-``service.embedded.leave_group_on_stop(consumer)`` after ``start()`` when another consumer
-of the same group starts later (see the tansu notes in ``service/embedded.py``).
+Consumers in tests: ``service.embedded.group_consumer`` (or ``start_group_consumer``) sets
+``session_timeout_ms=6000, heartbeat_interval_ms=500`` and calls ``leave_group_on_stop``,
+which a consumer needs when another consumer of the same group starts later (see the
+tansu notes in ``service/embedded/broker.py``).
 """
 
 from __future__ import annotations
@@ -23,31 +26,36 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from service.embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis
 
+if TYPE_CHECKING:
+    from service.state.store import Store
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    external = os.environ.get("STRATAMETER_TEST_KAFKA", "").strip()
+
+def _external_or_embedded(variable: str, embedded: Callable[[], EmbeddedKafka | EmbeddedRedis],
+                          address: Callable[[EmbeddedKafka | EmbeddedRedis], str]) -> Iterator[str]:
+    """The address in ``$variable`` if set, else that of a backend started for the session."""
+    external = os.environ.get(variable, "").strip()
     if external:
         yield external
         return
-    with EmbeddedKafka() as kafka:
-        yield kafka.bootstrap
+    with embedded() as backend:
+        yield address(backend)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    yield from _external_or_embedded("STRATAMETER_TEST_KAFKA", EmbeddedKafka, lambda kafka: kafka.bootstrap)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    external = os.environ.get("STRATAMETER_TEST_REDIS_URL", "").strip()
-    if external:
-        yield external
-        return
-    with EmbeddedRedis() as redis:
-        yield redis.url
+    yield from _external_or_embedded("STRATAMETER_TEST_REDIS_URL", EmbeddedRedis, lambda redis: redis.url)
 
 
 @pytest.fixture
@@ -71,3 +79,16 @@ def kafka_proxy(kafka_bootstrap: str) -> Iterator[EmbeddedKafkaProxy]:
 def embedded_redis() -> Iterator[EmbeddedRedis]:
     with EmbeddedRedis() as redis:
         yield redis
+
+
+@pytest.fixture
+async def store(redis_url: str, unique_name: Callable[[str], str]) -> AsyncIterator[Store]:
+    from redis.asyncio import Redis
+
+    from service.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    try:
+        yield Store(redis, unique_name("store"))
+    finally:
+        await redis.aclose()

@@ -44,13 +44,18 @@ def test_load_jsonl_with_blank_lines_and_threshold(tmp_path):
     assert kept.truth == pytest.approx(2 / 3)
 
 
+def csv_after_a_good_row(*rows: str) -> str:
+    """A CSV file: the header, one valid row, then `rows`."""
+    return "".join(f"{row}\n" for row in ("score,label", "0.9,1", *rows))
+
+
 @pytest.mark.parametrize("name, text, line, field, value", [
-    ("a.csv", "score,label\n0.9,1\n0.8,2\n", 3, "label", "'2'"),
-    ("b.csv", "score,label\n0.9,1\nabc,0\n", 3, "score", "'abc'"),
-    ("c.csv", "score,label\n0.9,1\n0.7,1\nnan,0\n", 4, "score", "'nan'"),
-    ("d.csv", "score,label\n0.9,1\ninf,0\n", 3, "score", "'inf'"),
-    ("e.csv", "score,label\n0.9,1\n,1\n", 3, "score", "''"),
-    ("f.csv", "score,label\n0.9,1\n0.8\n", 3, "label", "None"),
+    ("a.csv", csv_after_a_good_row("0.8,2"), 3, "label", "'2'"),
+    ("b.csv", csv_after_a_good_row("abc,0"), 3, "score", "'abc'"),
+    ("c.csv", csv_after_a_good_row("0.7,1", "nan,0"), 4, "score", "'nan'"),
+    ("d.csv", csv_after_a_good_row("inf,0"), 3, "score", "'inf'"),
+    ("e.csv", csv_after_a_good_row(",1"), 3, "score", "''"),
+    ("f.csv", csv_after_a_good_row("0.8"), 3, "label", "None"),
     ("g.jsonl", '{"score": 0.9, "label": 1}\n{"score": NaN, "label": 0}\n', 2, "score", "nan"),
     ("h.jsonl", '{"score": 0.9, "label": 1}\n\n{"score": 0.7}\n', 3, "label", "None"),
     ("i.jsonl", '{"score": 0.9, "label": 0.5}\n', 1, "label", "0.5"),

@@ -295,23 +295,19 @@ async def test_every_script_touches_only_its_declared_keys_in_one_slot(embedded_
 
 
 @pytest.mark.integration
-async def test_ingest_keys_given_by_the_caller_or_read_from_the_payload(redis_url, unique_name):
+async def test_ingest_keys_given_by_the_caller_or_read_from_the_payload(store):
     (recs,) = group_by_classifier(np.arange(6), ["c"] * 6, [f"i{i}" for i in range(6)],
                                   np.array([0.1, 0.6, 0.7, 0.2, 0.9, 0.3]), np.ones(6, bool),
                                   np.array([0, 0, 0, 3_600_000, 3_600_000, 3_600_000]), [None] * 6)
     payload = build_payload(recs, 3600, lambda t: ChunkCuts(np.array([0.5]), 0, False), 64, 0,
                             np.random.default_rng(0))
     assert ingest_chunks(payload) == [("0", [0, 1]), ("1", [0, 1])]
-    redis = Redis.from_url(redis_url)
-    store = Store(redis, unique_name("hint"))
-    try:
-        raw = orjson.dumps(payload)
-        out = await store.apply_ingest([("c", 0, -1, 5, raw, ingest_chunks(payload)), ("c", 1, -1, 5, raw)])
-        assert [(applied, stored) for applied, stored, _, _ in out] == [(True, 5), (True, 5)]
-        assert await redis.hget(store.keys.meta("c"), "scores_total") == b"12"
-        assert await redis.zcard(store.keys.reservoir("c", 1, 1)) == 1  # the same item twice
-    finally:
-        await redis.aclose()
+    redis = store.redis
+    raw = orjson.dumps(payload)
+    out = await store.apply_ingest([("c", 0, -1, 5, raw, ingest_chunks(payload)), ("c", 1, -1, 5, raw)])
+    assert [(applied, stored) for applied, stored, _, _ in out] == [(True, 5), (True, 5)]
+    assert await redis.hget(store.keys.meta("c"), "scores_total") == b"12"
+    assert await redis.zcard(store.keys.reservoir("c", 1, 1)) == 1  # the same item twice
 
 
 # ------------------------------------------------------------------------------- re-checks
@@ -324,83 +320,71 @@ async def _pending_request(store: Store, cid: str, rid: str, chunk: int = 7) -> 
 
 
 @pytest.mark.integration
-async def test_label_refuses_when_the_request_is_not_what_was_read(redis_url, unique_name):
-    redis = Redis.from_url(redis_url)
-    store, cid = Store(redis, unique_name("lbl")), "c"
-    try:
-        await _pending_request(store, cid, "c/a")
-        label = store._scripts["LABEL"]
-        now = int(time.time() * 1000)
-        # read as absent (no chunk keys), pending in fact: refused, nothing changed
-        res = await label(keys=store.keys.label_keys(cid, "c/a", ""), args=[0, 5, "c/a", "1", now, "x", "", ""])
-        assert res == [b"retry"]
-        # read with another chunk: refused
-        res = await label(keys=store.keys.label_keys(cid, "c/a", "8"), args=[0, 5, "c/a", "1", now, "x", "8", ""])
-        assert res == [b"retry"]
-        # its predecessor in the pipeline (offset 4) was refused: refused too, to keep the order
-        res = await label(keys=store.keys.label_keys(cid, "c/a", "7"), args=[0, 5, "c/a", "1", now, "x", "7", 4])
-        assert res == [b"retry"]
-        assert await redis.hget(store.keys.labels_offsets(cid), "0") is None
-        assert await redis.hget(store.keys.request(cid, "c/a"), "state") == b"new"
-        assert await redis.exists(store.keys.chunk_labels(cid, 7)) == 0
-        res = await label(keys=store.keys.label_keys(cid, "c/a", "7"), args=[0, 5, "c/a", "1", now, "x", "7", ""])
-        assert res == [b"accepted", b"7", b"0"]
-    finally:
-        await redis.aclose()
+async def test_label_refuses_when_the_request_is_not_what_was_read(store):
+    redis, cid = store.redis, "c"
+    await _pending_request(store, cid, "c/a")
+    label = store._scripts["LABEL"]
+    now = int(time.time() * 1000)
+    # read as absent (no chunk keys), pending in fact: refused, nothing changed
+    res = await label(keys=store.keys.label_keys(cid, "c/a", ""), args=[0, 5, "c/a", "1", now, "x", "", ""])
+    assert res == [b"retry"]
+    # read with another chunk: refused
+    res = await label(keys=store.keys.label_keys(cid, "c/a", "8"), args=[0, 5, "c/a", "1", now, "x", "8", ""])
+    assert res == [b"retry"]
+    # its predecessor in the pipeline (offset 4) was refused: refused too, to keep the order
+    res = await label(keys=store.keys.label_keys(cid, "c/a", "7"), args=[0, 5, "c/a", "1", now, "x", "7", 4])
+    assert res == [b"retry"]
+    assert await redis.hget(store.keys.labels_offsets(cid), "0") is None
+    assert await redis.hget(store.keys.request(cid, "c/a"), "state") == b"new"
+    assert await redis.exists(store.keys.chunk_labels(cid, 7)) == 0
+    res = await label(keys=store.keys.label_keys(cid, "c/a", "7"), args=[0, 5, "c/a", "1", now, "x", "7", ""])
+    assert res == [b"accepted", b"7", b"0"]
 
 
 @pytest.mark.integration
-async def test_labels_refused_after_the_read_are_retried_in_offset_order(redis_url, unique_name, monkeypatch):
+async def test_labels_refused_after_the_read_are_retried_in_offset_order(store, monkeypatch):
     """A request that appears between the store's read and LABEL (read as unknown) is
     refused; the later label of the same partition is refused with it, and both are
     applied on the retry (exactly once, offsets in order)."""
-    redis = Redis.from_url(redis_url)
-    store, cid = Store(redis, unique_name("lbl")), "c"
-    try:
-        await _pending_request(store, cid, "c/b")
-        pipeline, made = redis.pipeline, []
+    redis, cid = store.redis, "c"
+    await _pending_request(store, cid, "c/b")
+    pipeline, made = redis.pipeline, []
 
-        def spying_pipeline(*args, **kwargs):
-            pipe = pipeline(*args, **kwargs)
-            made.append(pipe)
-            if len(made) == 1:  # the first read: the request "c/a" appears right after it
-                execute = pipe.execute
+    def spying_pipeline(*args, **kwargs):
+        pipe = pipeline(*args, **kwargs)
+        made.append(pipe)
+        if len(made) == 1:  # the first read: the request "c/a" appears right after it
+            execute = pipe.execute
 
-                async def execute_then_issue(*a, **k):
-                    out = await execute(*a, **k)
-                    await _pending_request(store, cid, "c/a")
-                    return out
+            async def execute_then_issue(*a, **k):
+                out = await execute(*a, **k)
+                await _pending_request(store, cid, "c/a")
+                return out
 
-                pipe.execute = execute_then_issue
-            return pipe
+            pipe.execute = execute_then_issue
+        return pipe
 
-        monkeypatch.setattr(redis, "pipeline", spying_pipeline)
-        now = int(time.time() * 1000)
-        out = await store.apply_labels([(cid, 3, 10, "c/a", "1", now, "x"), (cid, 3, 11, "c/b", "0", now, "x")])
-        assert out == [["accepted", "7", "0"], ["accepted", "7", "0"]]
-        assert len(made) == 4  # read, LABEL (both refused), read, LABEL
-        assert await redis.hget(store.keys.labels_offsets(cid), "3") == b"11"
-        assert await redis.hget(store.keys.chunk_labels(cid, 7), "0") == b"2"
-        assert await redis.hget(store.keys.chunk_positives(cid, 7), "0") == b"1"
-    finally:
-        await redis.aclose()
+    monkeypatch.setattr(redis, "pipeline", spying_pipeline)
+    now = int(time.time() * 1000)
+    out = await store.apply_labels([(cid, 3, 10, "c/a", "1", now, "x"), (cid, 3, 11, "c/b", "0", now, "x")])
+    assert out == [["accepted", "7", "0"], ["accepted", "7", "0"]]
+    assert len(made) == 4  # read, LABEL (both refused), read, LABEL
+    assert await redis.hget(store.keys.labels_offsets(cid), "3") == b"11"
+    assert await redis.hget(store.keys.chunk_labels(cid, 7), "0") == b"2"
+    assert await redis.hget(store.keys.chunk_positives(cid, 7), "0") == b"1"
 
 
 @pytest.mark.integration
-async def test_expire_refuses_when_the_due_requests_are_not_what_was_read(redis_url, unique_name):
-    redis = Redis.from_url(redis_url)
-    store, cid = Store(redis, unique_name("exp")), "c"
-    try:
-        await _pending_request(store, cid, "c/a")
-        k, expire = store.keys, store._scripts["EXPIRE"]
-        later = int(time.time() * 1000) + 120_000
-        assert await expire(keys=[k.pending(cid), k.counters(cid)], args=[later]) == -1  # read: none due
-        keys = [k.pending(cid), k.counters(cid), k.request(cid, "c/a"), k.chunk_replace(cid, 8)]
-        assert await expire(keys=keys, args=[later, "c/a", "8", 4]) == -1  # read: another chunk
-        assert await redis.hget(k.request(cid, "c/a"), "state") == b"new"
-        assert await redis.zcard(k.pending(cid)) == 1
-        assert await store.expire(cid, later) == 1
-        assert await redis.hget(k.request(cid, "c/a"), "state") == b"expired"
-        assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"
-    finally:
-        await redis.aclose()
+async def test_expire_refuses_when_the_due_requests_are_not_what_was_read(store):
+    redis, cid = store.redis, "c"
+    await _pending_request(store, cid, "c/a")
+    k, expire = store.keys, store._scripts["EXPIRE"]
+    later = int(time.time() * 1000) + 120_000
+    assert await expire(keys=[k.pending(cid), k.counters(cid)], args=[later]) == -1  # read: none due
+    keys = [k.pending(cid), k.counters(cid), k.request(cid, "c/a"), k.chunk_replace(cid, 8)]
+    assert await expire(keys=keys, args=[later, "c/a", "8", 4]) == -1  # read: another chunk
+    assert await redis.hget(k.request(cid, "c/a"), "state") == b"new"
+    assert await redis.zcard(k.pending(cid)) == 1
+    assert await store.expire(cid, later) == 1
+    assert await redis.hget(k.request(cid, "c/a"), "state") == b"expired"
+    assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"

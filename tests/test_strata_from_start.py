@@ -106,6 +106,12 @@ def _spy(store: Store) -> dict[str, list]:
     return seen
 
 
+@pytest.fixture
+def settings(redis_url):
+    """The service's settings on the test Redis, with `CHUNK_S`-second chunks."""
+    return load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
+
+
 async def _chunk(store: Store, cid: str):
     ids = await store.chunk_ids(cid)
     assert len(ids) == 1
@@ -139,10 +145,7 @@ async def _check_exact(store: Store, cid: str, scores: np.ndarray, records: int)
 # ---------------------------------------------------------------------------------- service state
 
 
-async def test_slow_stream_gets_its_strata_once_25k_items_arrived(redis_url, unique_name):
-    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
-    redis = Redis.from_url(redis_url)
-    store = Store(redis, unique_name("slow"))
+async def test_slow_stream_gets_its_strata_once_25k_items_arrived(settings, store):
     seen = _spy(store)
     ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
     feed = Feed(240, seed=3)
@@ -179,13 +182,9 @@ async def test_slow_stream_gets_its_strata_once_25k_items_arrived(redis_url, uni
             idx = np.arange(b, b + 3)
             assert await ing.submit(await ing.prepare(0, *feed.args(idx, idx), reload_offsets=True)) == 0
     assert (await _check_exact(store, feed.cid, feed.scores[feed.positive], 240)).tolist() == cuts.tolist()
-    await redis.aclose()
 
 
-async def test_a_replica_with_stale_cuts_reloads_them(redis_url, unique_name):
-    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
-    redis = Redis.from_url(redis_url)
-    store = Store(redis, unique_name("stale"))
+async def test_a_replica_with_stale_cuts_reloads_them(settings, store):
     seen = _spy(store)
     a, b = (ScoreIngestor(store, settings, np.random.default_rng(s)) for s in (1, 2))
     feed = Feed(400, seed=5)
@@ -201,13 +200,9 @@ async def test_a_replica_with_stale_cuts_reloads_them(redis_url, unique_name):
     assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST, STALE_CUTS]}
     idx = np.concatenate([np.arange(120), np.arange(300, 306)])
     await _check_exact(store, feed.cid, feed.scores[idx], idx.size)
-    await redis.aclose()
 
 
-async def test_two_instances_racing_on_one_new_classifier_stay_consistent(redis_url, unique_name):
-    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
-    redis = Redis.from_url(redis_url)
-    store = Store(redis, unique_name("race"))
+async def test_two_instances_racing_on_one_new_classifier_stay_consistent(settings, store):
     seen = _spy(store)
     replicas = [ScoreIngestor(store, settings, np.random.default_rng(s)) for s in (1, 2)]
     feed = Feed(360, seed=11)
@@ -240,13 +235,9 @@ async def test_two_instances_racing_on_one_new_classifier_stay_consistent(redis_
     await _check_exact(store, "new3", feed3.scores[:200], 200)
     assert sorted(seen["refused"]) == [RESTRATIFY_FIRST, RESTRATIFY_FIRST]  # both batches would cross
     assert [done for _cid, done in seen["restratified"]].count(True) == 1, seen
-    await redis.aclose()
 
 
-async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(redis_url, unique_name):
-    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
-    redis = Redis.from_url(redis_url)
-    store = Store(redis, unique_name("purged"))
+async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(settings, store):
     ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
     feed = Feed(200, seed=7)
     feed.positive[:] = True
@@ -258,7 +249,6 @@ async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(redis_url,
     assert await ingest.apply(0, np.arange(50, 150), *feed.args(np.arange(50, 150), np.arange(50, 150))[1:]) == 100
     cs = await _chunk(store, feed.cid)
     assert not cs.provisional and cs.strata == 1 and cs.N.tolist() == [150]
-    await redis.aclose()
 
 
 async def test_one_stratum_or_a_large_opening_batch_is_never_provisional(redis_url, unique_name):
@@ -276,12 +266,9 @@ async def test_one_stratum_or_a_large_opening_batch_is_never_provisional(redis_u
     await redis.aclose()
 
 
-async def test_restratify_assigns_like_the_core_also_at_the_cuts(redis_url, unique_name):
+async def test_restratify_assigns_like_the_core_also_at_the_cuts(settings, store):
     """RESTRATIFY's stratum rule in Lua (number of cuts <= s) is `stats.strata.assign`'s,
     for scores exactly at a cut, repeated scores and tiny or negative ones; it runs once."""
-    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S)})
-    redis = Redis.from_url(redis_url)
-    store = Store(redis, unique_name("rule"))
     ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
     scores = np.array([-3.5, 1e-300, 0.1, 0.2, 0.2, 0.30000000000000004, 0.3, 0.7, 0.7, 0.9999999999999999, 12.0])
     n = scores.size
@@ -299,7 +286,6 @@ async def test_restratify_assigns_like_the_core_also_at_the_cuts(redis_url, uniq
     res = await store.reservoirs("c", cs.chunk, 4)
     got = {orjson.loads(m)["i"]: k for k, entries in enumerate(res) for m, _ in entries}
     assert got == {items[i]: int(k) for i, k in enumerate(assign(scores, cuts))}
-    await redis.aclose()
 
 
 async def test_service_slow_stream_new_classifier_gets_k_strata_and_only_final_strata_are_sampled(
