@@ -15,64 +15,63 @@ from ..labels.folder import OUTCOMES
 from ..api.views import classifier_view
 
 
+#: per-classifier gauges: (name, help)
+_GAUGES = (
+    ("stratameter_precision_ratio", "Stratified precision estimate of the reported chunk"),
+    ("stratameter_precision_ci_lower_ratio", "Lower bound of the precision confidence interval"),
+    ("stratameter_precision_ci_upper_ratio", "Upper bound of the precision confidence interval"),
+    ("stratameter_precision_stderr_ratio", "Standard error of the precision estimate"),
+    ("stratameter_labels_pending", "Label requests awaiting an answer"),
+    ("stratameter_last_label_timestamp_seconds", "Time the last label was folded"),
+    ("stratameter_label_budget_remaining", "Label requests the paced hourly budget allows now "
+                                           "(0: labelling waits for the budget)"),
+)
+#: the estimate's gauges: (view key, name); absent while there is no estimate
+_ESTIMATE = (("estimate", "stratameter_precision_ratio"),
+             ("ci_lower", "stratameter_precision_ci_lower_ratio"),
+             ("ci_upper", "stratameter_precision_ci_upper_ratio"),
+             ("stderr", "stratameter_precision_stderr_ratio"))
+#: per-classifier counters: (view key, name, help)
+_COUNTERS = (
+    ("scores", "stratameter_scores", "Score records counted"),
+    ("label_requests", "stratameter_label_requests", "Label requests issued"),
+    ("requests_expired", "stratameter_label_requests_expired",
+     "Label requests that reached their deadline unanswered (then replaced)"),
+)
+#: per-stratum gauges: (name, help)
+_STRATUM_GAUGES = (
+    ("stratameter_stratum_items", "Predicted positives in the stratum (reported chunk)"),
+    ("stratameter_stratum_labels", "Labels folded in the stratum (reported chunk)"),
+    ("stratameter_stratum_precision_ratio", "Observed precision among the stratum's labels"),
+    ("stratameter_stratum_upper_score", "Upper score boundary of the stratum"),
+)
+
+
 class SnapshotCollector:
     def __init__(self, views: list[dict], invalid: dict[tuple[str, str], int], unknown_global: int,
                  lag: dict[tuple[str, int], int], dropped: int) -> None:
         self.views, self.invalid, self.unknown_global, self.lag, self.dropped = views, invalid, unknown_global, lag, dropped
 
     def collect(self):
-        g = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in (
-            ("stratameter_precision_ratio", "Stratified precision estimate of the reported chunk"),
-            ("stratameter_precision_ci_lower_ratio", "Lower bound of the precision confidence interval"),
-            ("stratameter_precision_ci_upper_ratio", "Upper bound of the precision confidence interval"),
-            ("stratameter_precision_stderr_ratio", "Standard error of the precision estimate"),
-            ("stratameter_labels_pending", "Label requests awaiting an answer"),
-            ("stratameter_last_label_timestamp_seconds", "Time the last label was folded"),
-            ("stratameter_label_budget_remaining", "Label requests the paced hourly budget allows now "
-                                                   "(0: labelling waits for the budget)"),
-        )}
-        scores = CounterMetricFamily("stratameter_scores", "Score records counted", labels=["classifier"])
-        requests = CounterMetricFamily("stratameter_label_requests", "Label requests issued", labels=["classifier"])
-        expired = CounterMetricFamily("stratameter_label_requests_expired",
-                                      "Label requests that reached their deadline unanswered (then replaced)",
-                                      labels=["classifier"])
+        gauges = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in _GAUGES}
+        counters = {key: CounterMetricFamily(name, doc, labels=["classifier"]) for key, name, doc in _COUNTERS}
         labels = CounterMetricFamily("stratameter_labels", "Label records by outcome", labels=["classifier", "outcome"])
-        per_stratum = {name: GaugeMetricFamily(name, doc, labels=["classifier", "stratum"]) for name, doc in (
-            ("stratameter_stratum_items", "Predicted positives in the stratum (reported chunk)"),
-            ("stratameter_stratum_labels", "Labels folded in the stratum (reported chunk)"),
-            ("stratameter_stratum_precision_ratio", "Observed precision among the stratum's labels"),
-            ("stratameter_stratum_upper_score", "Upper score boundary of the stratum"),
-        )}
+        per_stratum = {name: GaugeMetricFamily(name, doc, labels=["classifier", "stratum"])
+                       for name, doc in _STRATUM_GAUGES}
         unknown = self.unknown_global
         for v in self.views:
-            cid = v["classifier_id"]
-            for key, name in (("estimate", "stratameter_precision_ratio"),
-                              ("ci_lower", "stratameter_precision_ci_lower_ratio"),
-                              ("ci_upper", "stratameter_precision_ci_upper_ratio"),
-                              ("stderr", "stratameter_precision_stderr_ratio")):
-                if v[key] is not None:
-                    g[name].add_metric([cid], v[key])
-            g["stratameter_labels_pending"].add_metric([cid], v["pending"])
-            g["stratameter_label_budget_remaining"].add_metric([cid], v["label_budget_remaining"])
-            if v["last_label_at"] is not None:
-                g["stratameter_last_label_timestamp_seconds"].add_metric([cid], v["last_label_ms"] / 1000)
-            scores.add_metric([cid], v["scores"])
-            requests.add_metric([cid], v["label_requests"])
-            expired.add_metric([cid], v["requests_expired"])
-            for o in OUTCOMES:
-                if o == "unknown":
-                    unknown += v["labels_by_outcome"][o]
-                    continue
-                labels.add_metric([cid, o], v["labels_by_outcome"][o])
-            for s in v["strata"]:
-                k = str(s["stratum"])
-                per_stratum["stratameter_stratum_items"].add_metric([cid, k], s["items"])
-                per_stratum["stratameter_stratum_labels"].add_metric([cid, k], s["labels"])
-                if s["precision"] is not None:
-                    per_stratum["stratameter_stratum_precision_ratio"].add_metric([cid, k], s["precision"])
-                if s["upper_score"] is not None:
-                    per_stratum["stratameter_stratum_upper_score"].add_metric([cid, k], s["upper_score"])
+            _add_classifier(v, gauges, counters)
+            unknown += _add_labels(v, labels)
+            _add_strata(v["classifier_id"], v["strata"], per_stratum)
         labels.add_metric(["", "unknown"], unknown)
+        yield from gauges.values()
+        yield from counters.values()
+        yield labels
+        yield from per_stratum.values()
+        yield from self._service_wide()
+
+    def _service_wide(self):
+        """Rejected records by topic and reason, consumer lag, dead letters dropped."""
         invalid = CounterMetricFamily("stratameter_invalid_messages", "Rejected input records (dead-lettered)",
                                       labels=["topic", "reason"])
         for (topic, reason), c in sorted(self.invalid.items()):
@@ -83,15 +82,44 @@ class SnapshotCollector:
             lag.add_metric([topic, str(part)], n)
         dropped = CounterMetricFamily("stratameter_dead_letters_dropped", "Dead letters not produced (rate limit)")
         dropped.add_metric([], self.dropped)
-        yield from g.values()
-        yield scores
-        yield requests
-        yield expired
-        yield labels
-        yield from per_stratum.values()
-        yield invalid
-        yield lag
-        yield dropped
+        return invalid, lag, dropped
+
+
+def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
+    """One classifier's view into the per-classifier gauges and counters."""
+    cid = v["classifier_id"]
+    for key, name in _ESTIMATE:
+        if v[key] is not None:
+            gauges[name].add_metric([cid], v[key])
+    gauges["stratameter_labels_pending"].add_metric([cid], v["pending"])
+    gauges["stratameter_label_budget_remaining"].add_metric([cid], v["label_budget_remaining"])
+    if v["last_label_at"] is not None:
+        gauges["stratameter_last_label_timestamp_seconds"].add_metric([cid], v["last_label_ms"] / 1000)
+    for key, counter in counters.items():
+        counter.add_metric([cid], v[key])
+
+
+def _add_labels(v: dict, labels: CounterMetricFamily) -> int:
+    """The classifier's labels by outcome but `unknown`; returns its `unknown` ones (exported
+    summed, under classifier "")."""
+    unknown = 0
+    for o in OUTCOMES:
+        if o == "unknown":
+            unknown += v["labels_by_outcome"][o]
+            continue
+        labels.add_metric([v["classifier_id"], o], v["labels_by_outcome"][o])
+    return unknown
+
+
+def _add_strata(cid: str, strata: list[dict], per_stratum: dict) -> None:
+    for s in strata:
+        k = str(s["stratum"])
+        per_stratum["stratameter_stratum_items"].add_metric([cid, k], s["items"])
+        per_stratum["stratameter_stratum_labels"].add_metric([cid, k], s["labels"])
+        if s["precision"] is not None:
+            per_stratum["stratameter_stratum_precision_ratio"].add_metric([cid, k], s["precision"])
+        if s["upper_score"] is not None:
+            per_stratum["stratameter_stratum_upper_score"].add_metric([cid, k], s["upper_score"])
 
 
 class Exporter:
