@@ -23,11 +23,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-import orjson
+from schemas.parse import score_record_bytes
 
 from ..api.client import http_json
+
+#: injected in turn, one every `--fault-every` seconds
+FAULTS = ("kill-9 service", "kafka outage", "redis outage")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,142 +67,184 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-async def _get(port: int, path: str) -> tuple[int, dict | None]:
-    return await http_json(port, path)
+@dataclass
+class _Traffic:
+    """What the load sent and the reviewer answered: the truth every count is checked against."""
+
+    classifiers: list[str]
+    truth: dict[str, int] = field(default_factory=dict)  # item -> label
+    answered: dict[str, bool | None] = field(default_factory=dict)  # request id -> label
+    records: int = 0  # score records sent
+
+    def answer(self, request) -> bool:
+        """The item's true label; a request seen again gets the same answer."""
+        return self.answered.setdefault(request.request_id, bool(self.truth[request.item_id]))
+
+    def answered_count(self) -> int:
+        return sum(1 for v in self.answered.values() if v is not None)
+
+
+@dataclass
+class _Watch:
+    """What `_observe` and the faults saw."""
+
+    max_rss: int = 0
+    max_redis: int = 0
+    not_ready_s: float = 0.0
+    faults: list[str] = field(default_factory=list)
+
+
+class _Service:
+    """`stratameter run` as a subprocess writing to `log`."""
+
+    def __init__(self, env: dict[str, str], log: IO[bytes]) -> None:
+        self.env, self.log = env, log
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "service.cli", "run"], env=self.env, stdout=self.log,
+                                stderr=self.log)
+
+    async def kill_and_restart(self, outage: float) -> None:
+        """SIGKILL, a new process a second later, then the rest of the outage."""
+        self.proc.kill()
+        self.proc.wait()
+        await asyncio.sleep(1)
+        self.proc = self._spawn()
+        await asyncio.sleep(outage - 1)
+
+    def terminate(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+        self.log.close()
+
+
+def _service_env(bootstrap: str, redis_url: str, port: int, topics: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, **{f"STRATAMETER_{k}": v for k, v in {
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "KAFKA_SESSION_TIMEOUT_MS": "6000",
+        "REDIS_URL": redis_url, "HTTP_PORT": str(port), "HTTP_HOST": "127.0.0.1", "LOG_LEVEL": "WARNING",
+        "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
+        "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "CHUNK_SECONDS": "120",
+        "DELTA": "0.03", "MAX_LABELS_PER_HOUR": "100000", "INSTANCE_ID": "soak"}.items()}}
 
 
 async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: float, outage: float,
                quiet: bool = False) -> dict:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import AIOKafkaProducer
     from redis.asyncio import Redis
 
-    from ..embedded import (EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis, create_topics, find_free_port,
-                            leave_group_on_stop)
+    from ..embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis, create_topics, find_free_port
 
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    classifiers = [f"soak-{i}" for i in range(n_classifiers)]
+    traffic = _Traffic([f"soak-{i}" for i in range(n_classifiers)])
     topics = {"scores": "soak.scores", "requests": "soak.requests", "labels": "soak.labels", "dlq": "soak.dlq"}
     work = Path(tempfile.mkdtemp(prefix="stratameter-soak-"))
     with EmbeddedKafka() as kafka, EmbeddedKafkaProxy(kafka.bootstrap) as proxy, \
             EmbeddedRedis(extra_args=["--appendonly", "yes", "--appendfsync", "everysec"]) as redis:
         await create_topics(kafka.bootstrap, list(topics.values()), partitions=6)
         port = find_free_port()
-        env = {**os.environ, **{f"STRATAMETER_{k}": v for k, v in {
-            "KAFKA_BOOTSTRAP_SERVERS": proxy.bootstrap, "KAFKA_SESSION_TIMEOUT_MS": "6000",
-            "REDIS_URL": redis.url, "HTTP_PORT": str(port), "HTTP_HOST": "127.0.0.1", "LOG_LEVEL": "WARNING",
-            "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
-            "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "CHUNK_SECONDS": "120",
-            "DELTA": "0.03", "MAX_LABELS_PER_HOUR": "100000", "INSTANCE_ID": "soak"}.items()}}
-        log = open(work / "service.log", "ab")
-
-        def start_service() -> subprocess.Popen:
-            return subprocess.Popen([sys.executable, "-m", "service.cli", "run"], env=env, stdout=log, stderr=log)
-
-        proc = start_service()
+        service = _Service(_service_env(proxy.bootstrap, redis.url, port, topics), open(work / "service.log", "ab"))
         producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=False, linger_ms=20)
         await producer.start()
-        truth: dict[str, int] = {}
-        answered: dict[str, bool | None] = {}
-        sent = {"records": 0}
-        stop = asyncio.Event()
-
-        async def produce() -> None:
-            t0, i = time.monotonic(), 0
-            while not stop.is_set():
-                due = int((time.monotonic() - t0) * rate)
-                while i < due:
-                    cid = classifiers[i % n_classifiers]
-                    score = (i * 7919 % 10007) / 10007
-                    item = f"{cid}#{i}"
-                    truth[item] = int((i * 104729 % 10007) / 10007 < 0.4 + 0.6 * score)
-                    await producer.send(topics["scores"], key=cid.encode(), value=orjson.dumps(
-                        {"classifier_id": cid, "item_id": item, "score": score,
-                         "predicted_positive": True, "event_time": int(time.time() * 1000)}))
-                    i += 1
-                sent["records"] = i
-                await asyncio.sleep(0.05)
-            await producer.flush()
-
-        async def review() -> None:
-            consumer = AIOKafkaConsumer(topics["requests"], bootstrap_servers=kafka.bootstrap, group_id="soak-rev",
-                                        auto_offset_reset="earliest", session_timeout_ms=6000,
-                                        heartbeat_interval_ms=500)
-            await consumer.start()
-            leave_group_on_stop(consumer)
-            try:
-                async for rec in consumer:
-                    req = orjson.loads(rec.value)
-                    rid = req["request_id"]
-                    label = answered.setdefault(rid, bool(truth[req["item_id"]]))
-                    await producer.send(topics["labels"], value=orjson.dumps({"request_id": rid, "label": label}))
-            finally:
-                await consumer.stop()
-
-        watch = {"max_rss": 0, "max_redis": 0, "not_ready_s": 0.0, "faults": []}
+        watch, stop = _Watch(), asyncio.Event()
         redis_client = Redis.from_url(redis.url, socket_timeout=2)
-
-        async def observe() -> None:
-            while not stop.is_set():
-                status, _ = await _get(port, "/readyz")
-                if status != 200:
-                    watch["not_ready_s"] += 1.0
-                watch["max_rss"] = max(watch["max_rss"], _rss_bytes(proc.pid))
-                try:
-                    watch["max_redis"] = max(watch["max_redis"], int((await redis_client.info("memory"))["used_memory"]))
-                except Exception:  # noqa: BLE001 - Redis is down during its fault
-                    pass
-                await asyncio.sleep(1.0)
-
-        tasks = [asyncio.create_task(c) for c in (produce(), review(), observe())]
+        tasks = [asyncio.create_task(c) for c in (
+            _produce(producer, topics["scores"], traffic, rate, stop), _review(kafka.bootstrap, topics, producer, traffic),
+            _observe(port, service, redis_client, watch, stop))]
         t_end = time.monotonic() + duration_s
-        n = 0
         try:
-            while time.monotonic() + fault_every < t_end:
-                await asyncio.sleep(fault_every - outage)
-                fault = ("kill-9 service", "kafka outage", "redis outage")[n % 3]
-                say(f"[{time.strftime('%H:%M:%S')}] fault: {fault} (records sent {sent['records']})")
-                watch["faults"].append(fault)
-                if n % 3 == 0:
-                    proc.kill()
-                    proc.wait()
-                    await asyncio.sleep(1)
-                    proc = start_service()
-                    await asyncio.sleep(outage - 1)
-                elif n % 3 == 1:
-                    proxy.stop()
-                    await asyncio.sleep(outage)
-                    proxy.start()
-                else:
-                    redis.stop()
-                    await asyncio.sleep(outage)
-                    redis.start()
-                n += 1
+            await _inject_faults(service, {"kafka outage": proxy, "redis outage": redis}, fault_every, outage, t_end,
+                                 watch, lambda fault: say(f"[{time.strftime('%H:%M:%S')}] fault: {fault} "
+                                                          f"(records sent {traffic.records})"))
             await asyncio.sleep(max(0.0, t_end - time.monotonic()))
             stop.set()
             await tasks[0]
-            say(f"[{time.strftime('%H:%M:%S')}] load stopped after {sent['records']} records; draining")
-            counted, folded = await _drain(port, classifiers, sent["records"], lambda: sum(
-                1 for v in answered.values() if v is not None), 180)
+            say(f"[{time.strftime('%H:%M:%S')}] load stopped after {traffic.records} records; draining")
+            counted, folded = await _drain(port, traffic.classifiers, traffic.records, traffic.answered_count, 180)
         finally:
             stop.set()
             for t in tasks[1:]:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            proc.terminate()
-            proc.wait(20)
+            service.terminate()
             await producer.stop()
             await redis_client.aclose()
-        answered_n = sum(1 for v in answered.values() if v is not None)
-        return {
-            "duration_s": round(duration_s), "rate_per_s": rate, "classifiers": n_classifiers,
-            "faults": len(watch["faults"]), "fault_kinds": sorted(set(watch["faults"])),
-            "records_in": sent["records"], "records_counted": counted,
-            "labels_answered": answered_n, "labels_folded": folded,
-            "exact": counted == sent["records"] and folded == answered_n,
-            "max_rss_mib": round(watch["max_rss"] / 2**20, 1),
-            "max_redis_used_memory_mib": round(watch["max_redis"] / 2**20, 1),
-            "not_ready_s": watch["not_ready_s"],
-        }
+        return _report(duration_s, rate, traffic, watch, counted, folded)
+
+
+async def _produce(producer, topic: str, traffic: _Traffic, rate: int, stop: asyncio.Event) -> None:
+    """Score records at `rate` per second over the classifiers, each item's truth drawn
+    (deterministically) more often positive the higher its score; flushed once stopped."""
+    t0, i = time.monotonic(), 0
+    n_classifiers = len(traffic.classifiers)
+    while not stop.is_set():
+        due = int((time.monotonic() - t0) * rate)
+        while i < due:
+            cid = traffic.classifiers[i % n_classifiers]
+            score = (i * 7919 % 10007) / 10007
+            item = f"{cid}#{i}"
+            traffic.truth[item] = int((i * 104729 % 10007) / 10007 < 0.4 + 0.6 * score)
+            await producer.send(topic, key=cid.encode(), value=score_record_bytes(
+                cid, item, score, predicted_positive=True, event_time=int(time.time() * 1000)))
+            i += 1
+        traffic.records = i
+        await asyncio.sleep(0.05)
+    await producer.flush()
+
+
+async def _review(bootstrap: str, topics: dict[str, str], producer, traffic: _Traffic) -> None:
+    """A reviewer answering every label request from the truth."""
+    from ..embedded import answer_label_requests, group_consumer
+
+    async with group_consumer(topics["requests"], bootstrap_servers=bootstrap, group_id="soak-rev") as consumer:
+        await answer_label_requests(consumer, producer, topics["labels"], traffic.answer)
+
+
+async def _observe(port: int, service: _Service, redis_client, watch: _Watch, stop: asyncio.Event) -> None:
+    """Once a second: is the service ready, its RSS, Redis' used memory."""
+    while not stop.is_set():
+        status, _ = await http_json(port, "/readyz")
+        if status != 200:
+            watch.not_ready_s += 1.0
+        watch.max_rss = max(watch.max_rss, _rss_bytes(service.proc.pid))
+        try:
+            watch.max_redis = max(watch.max_redis, int((await redis_client.info("memory"))["used_memory"]))
+        except Exception:  # noqa: BLE001 - Redis is down during its fault
+            pass
+        await asyncio.sleep(1.0)
+
+
+async def _inject_faults(service: _Service, backends: dict, fault_every: float, outage: float, t_end: float,
+                         watch: _Watch, say) -> None:
+    """Every `fault_every` seconds while another fits before `t_end`, the next of `FAULTS`:
+    the service killed and restarted, or a backend (`backends[fault]`) stopped for `outage` seconds."""
+    n = 0
+    while time.monotonic() + fault_every < t_end:
+        await asyncio.sleep(fault_every - outage)
+        fault = FAULTS[n % len(FAULTS)]
+        say(fault)
+        watch.faults.append(fault)
+        if fault in backends:
+            backends[fault].stop()
+            await asyncio.sleep(outage)
+            backends[fault].start()
+        else:
+            await service.kill_and_restart(outage)
+        n += 1
+
+
+def _report(duration_s: float, rate: int, traffic: _Traffic, watch: _Watch, counted: int, folded: int) -> dict:
+    answered = traffic.answered_count()
+    return {
+        "duration_s": round(duration_s), "rate_per_s": rate, "classifiers": len(traffic.classifiers),
+        "faults": len(watch.faults), "fault_kinds": sorted(set(watch.faults)),
+        "records_in": traffic.records, "records_counted": counted,
+        "labels_answered": answered, "labels_folded": folded,
+        "exact": counted == traffic.records and folded == answered,
+        "max_rss_mib": round(watch.max_rss / 2**20, 1),
+        "max_redis_used_memory_mib": round(watch.max_redis / 2**20, 1),
+        "not_ready_s": watch.not_ready_s,
+    }
 
 
 async def _drain(port: int, classifiers, expected: int, answered, timeout: float) -> tuple[int, int]:
@@ -207,7 +254,7 @@ async def _drain(port: int, classifiers, expected: int, answered, timeout: float
     while time.monotonic() < deadline:
         counted = folded = 0
         for cid in classifiers:
-            status, doc = await _get(port, f"/v1/classifiers/{cid}")
+            status, doc = await http_json(port, f"/v1/classifiers/{cid}")
             if doc:
                 counted += doc["scores"]
                 folded += doc["labels_by_outcome"]["accepted"]
