@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from service.api.client import http_get, http_json  # noqa: F401 - the tests' HTTP client
 from service.config import load_settings
-from service.embedded import create_topics, find_free_port, leave_group_on_stop
+from service.embedded import answer_label_requests, create_topics, find_free_port, group_consumer, start_group_consumer
 
 
 @dataclass
@@ -94,21 +94,17 @@ class Reviewer:
     requests: list[dict] = field(default_factory=list)
 
     async def __aenter__(self) -> "Reviewer":
-        self.consumer = AIOKafkaConsumer(self.running.topics["requests"], bootstrap_servers=self.running.bootstrap,
-                                         group_id=self.group, auto_offset_reset="earliest",
-                                         session_timeout_ms=6000, heartbeat_interval_ms=500)
-        await self.consumer.start()
-        leave_group_on_stop(self.consumer)
-        self.task = asyncio.create_task(self._run())
+        self.consumer = await start_group_consumer(self.running.topics["requests"],
+                                                   bootstrap_servers=self.running.bootstrap, group_id=self.group)
+        self.task = asyncio.create_task(answer_label_requests(
+            self.consumer, self.running.producer, self.running.topics["labels"], self._decide, key=b"any"))
         return self
 
-    async def _run(self) -> None:
-        async for rec in self.consumer:
-            req = orjson.loads(rec.value)
-            self.requests.append(req)
-            label = await self.answer(req) if asyncio.iscoroutinefunction(self.answer) else self.answer(req)
-            if label is not ...:
-                await self.running.send_label(req["request_id"], label)
+    def _decide(self, request):
+        """`answer` on the request as a dict (decoded and checked by the codec)."""
+        req = request.model_dump()
+        self.requests.append(req)
+        return self.answer(req)
 
     async def __aexit__(self, *exc) -> None:
         self.task.cancel()
@@ -191,20 +187,16 @@ class Workload:
         await producer.flush()
 
     async def review(self, producer: AIOKafkaProducer, group: str) -> None:
-        consumer = AIOKafkaConsumer(self.topics["requests"], bootstrap_servers=self.bootstrap, group_id=group,
-                                    auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500)
-        await consumer.start()
-        leave_group_on_stop(consumer)
-        try:
-            async for rec in consumer:
-                req = orjson.loads(rec.value)
-                rid = req["request_id"]
-                self.requested_items[rid] = f'{req["classifier_id"]}/{req["item_id"]}'
-                label = self.answered.get(rid, None if len(self.answered) % 13 == 7 else bool(self.truth[req["item_id"]]))
-                self.answered[rid] = label
-                await producer.send(self.topics["labels"], value=orjson.dumps({"request_id": rid, "label": label}))
-        finally:
-            await consumer.stop()
+        async with group_consumer(self.topics["requests"], bootstrap_servers=self.bootstrap, group_id=group) as consumer:
+            await answer_label_requests(consumer, producer, self.topics["labels"], self._answer)
+
+    def _answer(self, req) -> bool | None:
+        """From the truth, every 13th skipped; a request seen again gets the same answer."""
+        rid = req.request_id
+        self.requested_items[rid] = f"{req.classifier_id}/{req.item_id}"
+        label = self.answered.get(rid, None if len(self.answered) % 13 == 7 else bool(self.truth[req.item_id]))
+        self.answered[rid] = label
+        return label
 
     def assert_exact(self, docs: dict[str, dict], per_classifier: int) -> None:
         """Nothing lost, nothing counted twice, no item requested under two request ids."""
@@ -243,3 +235,20 @@ async def labels_folded(port: int, classifiers) -> int:
         status, doc = await http_json(port, f"/v1/classifiers/{cid}")
         total += doc["labels_by_outcome"]["accepted"] if status == 200 else 0
     return total
+
+
+async def read_topic(bootstrap: str, topic: str, group: str, expect: int | None = None, timeout: float = 60.0,
+                     **consumer_options) -> list[dict]:
+    """The JSON values on `topic` from its start (a fresh `group`): until `expect` values have
+    arrived, or with `expect` None until a poll after the first values finds no more; at
+    most `timeout` seconds either way."""
+    out: list[dict] = []
+    async with group_consumer(topic, bootstrap_servers=bootstrap, group_id=group, **consumer_options) as consumer:
+        deadline = time.time() + timeout
+        while (expect is None or len(out) < expect) and time.time() < deadline:
+            batch = await consumer.getmany(timeout_ms=1000)
+            records = [r for rs in batch.values() for r in rs]
+            out += [orjson.loads(r.value) for r in records]
+            if expect is None and out and not records:
+                break
+    return out

@@ -9,13 +9,11 @@ from datetime import datetime
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from schemas import parse as parse_mod
 from schemas.messages import EPOCH_MS_FROM, DeadLetter, ScoreRecord, event_time_to_ms, event_time_window
 from schemas.parse import dead_letter_record, parse_scores
-from service.embedded import leave_group_on_stop
-from tests.harness import running_service, wait_for
+from tests.harness import read_topic, running_service, wait_for
 
 HOUR_MS = 3_600_000
 #: a wall clock 10 minutes into an hour-long chunk
@@ -196,22 +194,6 @@ def test_the_model_applies_the_window_from_its_context():
 # --------------------------------------------------------------------------- the service
 
 
-async def _dead_letters(bootstrap: str, topic: str, group: str, expect: int) -> list[dict]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                                session_timeout_ms=6000, heartbeat_interval_ms=500)
-    await consumer.start()
-    leave_group_on_stop(consumer)
-    out: list[dict] = []
-    try:
-        deadline = time.time() + 60
-        while len(out) < expect and time.time() < deadline:
-            batch = await consumer.getmany(timeout_ms=1000)
-            out += [orjson.loads(r.value) for rs in batch.values() for r in rs]
-    finally:
-        await consumer.stop()
-    return out
-
-
 def _invalid_counts(metrics: str, topic: str) -> dict[str, int]:
     out = {}
     for line in metrics.splitlines():
@@ -259,7 +241,7 @@ async def test_service_dead_letters_future_and_late_records_and_reads_epoch_seco
         assert doc["history"] == [] and doc["population"] == n
         assert sum(s["items"] for s in doc["strata"]) == n
 
-    dead = await _dead_letters(kafka_bootstrap, run.topics["dlq"], unique_name("dlq"), 5)
+    dead = await read_topic(kafka_bootstrap, run.topics["dlq"], unique_name("dlq"), expect=5)
     by_item = {orjson.loads(__import__("base64").b64decode(d["original"]))["item_id"]: d for d in dead}
     assert {k: d["reason"] for k, d in by_item.items()} == {
         "y2999": "event_time_in_future", "y2999s": "event_time_in_future", "ts-future": "event_time_in_future",

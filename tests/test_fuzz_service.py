@@ -10,10 +10,8 @@ import time
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 
-from service.embedded import leave_group_on_stop
-from tests.harness import running_service, wait_for
+from tests.harness import read_topic, running_service, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -108,24 +106,9 @@ async def test_fuzzed_inputs_never_stop_the_service(kafka_bootstrap, redis_url, 
         assert (await run.get("/healthz"))[0] == 200
         assert all(not t.done() for t in asyncio.all_tasks() if "forever" in repr(t.get_coro()))
 
-    dead = await _dead_letters(kafka_bootstrap, run.topics["dlq"], unique_name("dlq"), BAD_SCORES + BAD_LABELS)
+    dead = await read_topic(kafka_bootstrap, run.topics["dlq"], unique_name("dlq"), expect=BAD_SCORES + BAD_LABELS,
+                            max_partition_fetch_bytes=4 << 20)
     by_source = {(d["topic"], d["partition"], d["offset"]): d for d in dead}
     assert len(by_source) == BAD_SCORES + BAD_LABELS
     assert all(d["reason"] and d["detail"] for d in by_source.values())
     assert all(len(orjson.dumps(d)) < 100_000 for d in dead)  # bounded, even for the 70 KB records
-
-
-async def _dead_letters(bootstrap: str, topic: str, group: str, expect: int) -> list[dict]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                                session_timeout_ms=6000, heartbeat_interval_ms=500, max_partition_fetch_bytes=4 << 20)
-    await consumer.start()
-    leave_group_on_stop(consumer)
-    out: list[dict] = []
-    try:
-        deadline = time.time() + 60
-        while len(out) < expect and time.time() < deadline:
-            batch = await consumer.getmany(timeout_ms=1000)
-            out += [orjson.loads(r.value) for rs in batch.values() for r in rs]
-    finally:
-        await consumer.stop()
-    return out

@@ -11,12 +11,12 @@ import asyncio
 import base64
 import time
 
-import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
-from service.embedded import create_topics, find_free_port, leave_group_on_stop
-from tests.harness import (ServiceProcess, Workload, converged, http_get, labels_folded, scores_counted, wait_for)
+from service.embedded import create_topics, find_free_port
+from tests.harness import (ServiceProcess, Workload, converged, http_get, labels_folded, read_topic, scores_counted,
+                           wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ async def test_one_instance_sigkilled_mid_ingest_and_mid_labelling(kafka_bootstr
         await asyncio.gather(reviewer, return_exceptions=True)
         if service.alive:
             service.kill9()
-    dead = await _read_all(kafka_bootstrap, work.topics["dlq"], unique_name("dlq-reader"))
+    dead = await read_topic(kafka_bootstrap, work.topics["dlq"], unique_name("dlq-reader"), timeout=10)
     await producer.stop()
     work.assert_exact(docs, per)
     originals = {base64.b64decode(d["original"]) for d in dead if d["topic"] == work.topics["scores"]}
@@ -119,21 +119,3 @@ async def _between(value, lo: int, hi: int) -> bool:
 
 async def _at_least(value, n: int) -> bool:
     return await value >= n
-
-
-async def _read_all(bootstrap: str, topic: str, group: str) -> list[dict]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                                session_timeout_ms=6000, heartbeat_interval_ms=500)
-    await consumer.start()
-    leave_group_on_stop(consumer)
-    out: list[dict] = []
-    try:
-        for _ in range(10):
-            batch = await consumer.getmany(timeout_ms=1000)
-            records = [r for rs in batch.values() for r in rs]
-            out += [orjson.loads(r.value) for r in records]
-            if out and not records:
-                break
-    finally:
-        await consumer.stop()
-    return out
