@@ -310,6 +310,32 @@ async def test_ingest_keys_given_by_the_caller_or_read_from_the_payload(store):
     assert await redis.zcard(store.keys.reservoir("c", 1, 1)) == 1  # the same item twice
 
 
+@pytest.mark.integration
+async def test_hot_pipelines_send_bare_evalsha_and_load_the_scripts_on_noscript(store, redis_url):
+    """INGEST and LABEL go out as EVALSHA with no SCRIPT EXISTS round trip before the
+    pipeline; after SCRIPT FLUSH (a restarted Redis) the store loads the scripts and the
+    batch is applied once, its offset guard advanced once."""
+    (recs,) = group_by_classifier(np.arange(3), ["c"] * 3, ["i0", "i1", "i2"], np.array([0.1, 0.6, 0.7]),
+                                  np.ones(3, bool), np.zeros(3, np.int64), [None] * 3)
+    payload = orjson.dumps(build_payload(recs, 3600, lambda t: ChunkCuts(np.array([0.5]), 0, False), 64, 0,
+                                         np.random.default_rng(0)))
+    redis = store.redis
+    async with Monitor(redis_url) as monitor:
+        await redis.script_flush()
+        out = await store.apply_ingest([("c", 0, -1, 2, payload)])
+        out += await store.apply_ingest([("c", 0, 2, 5, payload)])
+        assert (await store.apply_labels([("c", 0, 0, "c/none", "1", 0, "x")]))[0][0] == "unknown"
+        marker = b"end-noscript"
+        await redis.echo(marker)
+        await monitor.until(marker)
+    assert [(applied, stored) for applied, stored, _, _ in out] == [(True, 2), (True, 5)]
+    assert await redis.hget(store.keys.meta("c"), "scores_total") == b"6"
+    commands = [args[0].upper() for client, args in monitor.lines if client != b"lua"]
+    assert b"SCRIPT" in commands  # loaded once, after the NOSCRIPT
+    assert [args[1].upper() for client, args in monitor.lines
+            if client != b"lua" and args[0].upper() == b"SCRIPT"].count(b"EXISTS") == 0
+
+
 # ------------------------------------------------------------------------------- re-checks
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from ..stats.sketch import ScoreHistogram
 from . import scripts
@@ -31,6 +32,23 @@ class Store:
         self.redis = redis
         self.keys = Keys(prefix)
         self._scripts = {name: redis.register_script(scripts.source(name)) for name in scripts.NAMES}
+
+    def _evalsha(self, pipe, name: str, keys: list, args: list) -> None:
+        """Queue script `name` on `pipe` as a bare EVALSHA.  (A script called with
+        ``client=pipe`` makes redis-py send SCRIPT EXISTS, one more round trip, before every
+        execution of the pipeline; `_execute` loads the scripts only when Redis says NOSCRIPT.)"""
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    async def _execute(self, build) -> list:
+        """Execute the pipeline `build()` returns; on NOSCRIPT (a restarted or flushed Redis)
+        load every script and execute a fresh one once more.  Re-sending is safe: each script
+        is idempotent (offset-guarded), and an EVALSHA answered NOSCRIPT ran nothing."""
+        try:
+            return await build().execute()
+        except NoScriptError:
+            for script in self._scripts.values():
+                script.sha = await self.redis.script_load(script.script)
+            return await build().execute()
 
     # ---- ingest -------------------------------------------------------------------------
     async def scores_offsets(self, cids: list[str], partition: int) -> dict[str, int]:
@@ -99,14 +117,21 @@ class Store:
         `cutoffs`: (chunk, stratum, largest priority kept) of the full reservoirs the
         call touched (a candidate above it can never enter that reservoir).
         """
-        pipe = self.redis.pipeline(transaction=False)
+        if not calls:
+            return []
+        ingests = []
         for cid, part, expected, new, payload, *hint in calls:
             chunks = hint[0] if hint else ingest_chunks(orjson.loads(payload))
-            await self._scripts["INGEST"](keys=self.keys.ingest_keys(cid, chunks), args=[part, expected, new, payload],
-                                          client=pipe)
-        for cid, *_ in calls:
-            pipe.sadd(self.keys.classifiers, cid)
-        res = (await pipe.execute())[: len(calls)]
+            ingests.append((self.keys.ingest_keys(cid, chunks), [part, expected, new, payload]))
+
+        def build():
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, args in ingests:
+                self._evalsha(pipe, "INGEST", keys, args)
+            pipe.sadd(self.keys.classifiers, *dict.fromkeys(cid for cid, *_ in calls))
+            return pipe
+
+        res = (await self._execute(build))[: len(calls)]
         return [(True, int(r[1]), [(int(r[i]), int(r[i + 1]), float(r[i + 2])) for i in range(2, len(r) - 2, 3)], [])
                 if int(r[0]) == 1 else
                 (False, int(r[1]), [], [(int(r[i]), int(r[i + 1])) for i in range(2, len(r) - 1, 2)]) for r in res]
@@ -161,16 +186,23 @@ class Store:
                 cid, _, _, rid, *_ = calls[i]
                 pipe.hget(self.keys.request(cid, rid), "chunk")
             chunks = await pipe.execute()
-            pipe = self.redis.pipeline(transaction=False)
+            labels = []
             previous: dict[tuple[str, int], int] = {}
             for i, chunk in zip(todo, chunks):
                 cid, part, off, rid, label, now_ms, labeler = calls[i]
                 t = _text(chunk) or ""
-                args = [part, off, rid, label, now_ms, labeler, t, previous.get((cid, part), "")]
+                labels.append((self.keys.label_keys(cid, rid, t),
+                               [part, off, rid, label, now_ms, labeler, t, previous.get((cid, part), "")]))
                 previous[(cid, part)] = off
-                await self._scripts["LABEL"](keys=self.keys.label_keys(cid, rid, t), args=args, client=pipe)
+
+            def build():
+                pipe = self.redis.pipeline(transaction=False)
+                for keys, args in labels:
+                    self._evalsha(pipe, "LABEL", keys, args)
+                return pipe
+
             retry = []
-            for i, r in zip(todo, await pipe.execute()):
+            for i, r in zip(todo, await self._execute(build)):
                 r = [_text(x) for x in r]
                 if r[0] == "retry":
                     retry.append(i)
