@@ -8,5 +8,6 @@ of each classifier's estimate against the true precision of the reported chunk.
 * `scenarios`: the simulated classifiers and the per-chunk ground truth.
 * `view`: the figures (random-equivalent labels, summary) and the rich rendering.
 * `orchestra`: starting and stopping everything, the traffic and the reviewers.
+* `launch`: the backends, the service's settings, the service subprocess.
 * `command`: the CLI subcommand.
 """

@@ -17,8 +17,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -27,11 +25,15 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+from pydantic import ValidationError
+
+from schemas.parse import decode_label_request, label_record_bytes, score_record_bytes
 
 from ..api.client import http_get
 from ..config import ConfigError, load_settings
-from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, leave_group_on_stop
+from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, start_group_consumer
 from . import view
+from .launch import DemoError, ServiceProcess, service_env, start_embedded
 from .scenarios import SCENARIOS, GroundTruth, chunk_of
 
 REVIEWERS = ("ana", "bo", "chen", "dara")
@@ -58,10 +60,6 @@ class DemoOptions:
     seed: int | None = None
 
 
-class DemoError(RuntimeError):
-    pass
-
-
 class Demo:
     def __init__(self, opts: DemoOptions, out, err) -> None:
         self.opts = opts
@@ -80,12 +78,11 @@ class Demo:
         self.workdir = Path(tempfile.mkdtemp(prefix="stratameter-demo-"))
         self.kafka: EmbeddedKafka | None = None
         self.redis: EmbeddedRedis | None = None
-        self.service: subprocess.Popen | None = None
+        self.service: ServiceProcess | None = None
         self.service_log = self.workdir / "service.log"
         self.producer = None
         self.reviewer = None
         self.answers: set[asyncio.Task] = set()
-        self.keep_workdir = False  # the service log is kept when the service failed
         seed = opts.seed if opts.seed is not None else int.from_bytes(os.urandom(4), "little")
         self.rng = np.random.default_rng(seed)
         self.delay_rng = random.Random(seed + 1)
@@ -115,108 +112,43 @@ class Demo:
                 loop.remove_signal_handler(sig)
 
     async def _start_backends_and_service(self):
+        """The backends, the topics, the service; the demo's clients join their groups while
+        the service boots.  None when stopped meanwhile."""
         o = self.opts
         bootstrap = o.kafka or os.environ.get("STRATAMETER_KAFKA_BOOTSTRAP_SERVERS") or None
         redis_url = o.redis or os.environ.get("STRATAMETER_REDIS_URL") or None
-        run_id = uuid.uuid4().hex[:8]
         if bootstrap is None:
-            self.kafka = EmbeddedKafka()
-            await asyncio.to_thread(self.kafka.start)
+            self.kafka = await start_embedded(EmbeddedKafka(), "Kafka-protocol broker (tansu)", self.err)
             bootstrap = self.kafka.bootstrap
-            self.err.print(f"started an embedded Kafka-protocol broker (tansu) on {bootstrap}")
-        if self.stop.is_set():
-            return None
-        if redis_url is None:
-            self.redis = EmbeddedRedis()
-            await asyncio.to_thread(self.redis.start)
+        if redis_url is None and not self.stop.is_set():
+            self.redis = await start_embedded(EmbeddedRedis(), "Redis", self.err)
             redis_url = self.redis.url
-            self.err.print(f"started an embedded Redis on {self.redis.address}")
         if self.stop.is_set():
             return None
-        # On a broker or Redis of yours, everything the demo writes gets run-specific names.
-        ns = "" if self.kafka is not None else f"stratameter-demo-{run_id}."
         self.port = o.port or find_free_port()
-        env = dict(os.environ)
-        env.update({
-            "STRATAMETER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-            "STRATAMETER_KAFKA_CONSUMER_GROUP": f"stratameter-demo-{run_id}",
-            "STRATAMETER_KAFKA_SESSION_TIMEOUT_MS": "6000",
-            "STRATAMETER_REDIS_URL": redis_url,
-            "STRATAMETER_REDIS_KEY_PREFIX": "stratameter" if self.redis is not None else f"stratameter-demo-{run_id}",
-            "STRATAMETER_HTTP_HOST": "127.0.0.1",
-            "STRATAMETER_HTTP_PORT": str(self.port),
-            "STRATAMETER_TOPIC_SCORES": ns + "stratameter.scores",
-            "STRATAMETER_TOPIC_LABEL_REQUESTS": ns + "stratameter.label-requests",
-            "STRATAMETER_TOPIC_LABELS": ns + "stratameter.labels",
-            "STRATAMETER_TOPIC_DEAD_LETTER": ns + "stratameter.dead-letter",
-            "STRATAMETER_CHUNK_SECONDS": str(o.chunk_seconds),
-            # the demo's records are stamped now: a chunk closes (final interval) 2 s after its end
-            "STRATAMETER_ALLOWED_LATENESS_SECONDS": "2",
-            "STRATAMETER_DELTA": repr(o.delta),
-            "STRATAMETER_CONFIDENCE": repr(o.confidence),
-            "STRATAMETER_STRATA": str(o.strata),
-            "STRATAMETER_ROUND_LABELS_PER_STRATUM": str(o.round_labels),
-            "STRATAMETER_MAX_LABELS_PER_HOUR": "1000000",
-            "STRATAMETER_LABEL_TIMEOUT_SECONDS": "30",
-            "STRATAMETER_INSTANCE_ID": f"demo-{run_id}",
-        })
+        env = service_env(o, bootstrap, redis_url, self.port, uuid.uuid4().hex[:8],
+                          own_kafka=self.kafka is not None, own_redis=self.redis is not None)
         try:
-            settings = load_settings(env)
+            settings = self.settings = load_settings(env)
         except ConfigError as exc:
             raise DemoError(f"configuration error: {exc}") from None
-        self.settings = settings
         if settings.kafka_security_protocol == "PLAINTEXT":
             await create_topics(bootstrap, [settings.topic_scores, settings.topic_label_requests,
                                             settings.topic_labels, settings.topic_dead_letter], partitions=3)
         # else: a secured broker of yours; the topics are auto-created if it allows it
-        with open(self.service_log, "ab") as log:
-            self.service = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "run"], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=env, cwd=self.workdir, start_new_session=True)
-        # The clients join their consumer group (seconds on tansu) while the service boots.
-        both = [asyncio.ensure_future(self._wait_ready()), asyncio.ensure_future(self._start_clients(settings))]
-        try:
-            await asyncio.gather(*both)
-        except BaseException:
-            for t in both:
-                t.cancel()
-            await asyncio.gather(*both, return_exceptions=True)
-            raise
+        self.service = ServiceProcess(env, self.port, self.service_log, self.workdir)
+        self.service.start()
+        await _all_or_none(self.service.wait_ready(self.stop), self._start_clients(settings))
         return None if self.stop.is_set() else settings
 
-    async def _wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.stop.is_set():
-            if self.service.poll() is not None:
-                self.keep_workdir = True
-                raise DemoError(f"the service exited with code {self.service.returncode}; "
-                                f"log {self.service_log}:\n{self._service_log_tail()}")
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                if (await http_get(self.port, "/readyz"))[0] == 200:
-                    return
-            if time.monotonic() > deadline:
-                self.keep_workdir = True
-                raise DemoError(f"the service was not ready after {timeout:.0f}s; "
-                                f"log {self.service_log}:\n{self._service_log_tail()}")
-            await asyncio.sleep(0.2)
-
-    def _service_log_tail(self) -> str:
-        try:
-            return self.service_log.read_text(errors="replace")[-3000:]
-        except OSError:
-            return ""
-
     async def _start_clients(self, settings) -> None:
-        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+        from aiokafka import AIOKafkaProducer
 
         kw = settings.kafka_client_kwargs()
         self.producer = AIOKafkaProducer(linger_ms=5, enable_idempotence=False, **kw)
         await self.producer.start()
-        self.reviewer = AIOKafkaConsumer(
-            settings.topic_label_requests, group_id=f"{settings.kafka_consumer_group}-reviewers",
-            auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500, **kw)
-        await self.reviewer.start()
-        leave_group_on_stop(self.reviewer)
+        self.reviewer = await start_group_consumer(
+            settings.topic_label_requests, group_id=f"{settings.kafka_consumer_group}-reviewers", **kw)
 
     async def _start_traffic(self, settings) -> list[asyncio.Task]:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
@@ -236,19 +168,12 @@ class Demo:
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.producer.stop(), 10)
-        if self.service is not None and self.service.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.service.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(self.service.wait, 15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    self.service.kill()
-                await asyncio.to_thread(self.service.wait)
+        if self.service is not None:
+            await self.service.stop()
         for backend in (self.redis, self.kafka):
             if backend is not None:
                 await asyncio.to_thread(backend.close)
-        if not self.keep_workdir:
+        if self.service is None or not self.service.failed:  # the service log is kept when it failed
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- the phases -------------------------------------------------------------------
@@ -331,9 +256,8 @@ class Demo:
                 ids = self.truth.add(sc.classifier, chunk, labels)
                 key = sc.classifier.encode()
                 for item, s in zip(ids, scores.tolist()):
-                    await self.producer.send(self.settings.topic_scores, key=key, value=orjson.dumps({
-                        "classifier_id": sc.classifier, "item_id": item, "score": s, "predicted_positive": True,
-                        "event_time": now_ms}))
+                    await self.producer.send(self.settings.topic_scores, key=key, value=score_record_bytes(
+                        sc.classifier, item, s, predicted_positive=True, event_time=now_ms))
             # requests of chunks older than this are expired long before: 30 s label timeout
             self.truth.forget_before(chunk - (60 // o.chunk_seconds + 2))
             next_t += TICK_S
@@ -343,22 +267,22 @@ class Demo:
         """Reviewers answer every request from the ground truth after a random delay; some skip."""
         async for rec in self.reviewer:
             try:
-                req = orjson.loads(rec.value)
-            except orjson.JSONDecodeError:
+                req = decode_label_request(rec.value)
+            except ValidationError:
                 continue
-            t = asyncio.create_task(self._answer(req))
-            self.answers.add(t)
-            t.add_done_callback(self.answers.discard)
+            task = asyncio.create_task(self._answer(req))
+            self.answers.add(task)
+            task.add_done_callback(self.answers.discard)
 
-    async def _answer(self, req: dict) -> None:
+    async def _answer(self, req) -> None:
+        """Answer the `LabelRequest` from the ground truth, after a random delay."""
         await asyncio.sleep(self.delay_rng.uniform(self.opts.min_delay, self.opts.max_delay))
-        y = self.truth.label(req.get("item_id", ""))
+        y = self.truth.label(req.item_id)
         skip = y is None or self.delay_rng.random() < self.opts.skip
-        await self.producer.send(self.settings.topic_labels, key=str(req.get("classifier_id", "")).encode(),
-                                 value=orjson.dumps({"request_id": req["request_id"],
-                                                     "label": None if skip else bool(y),
-                                                     "labeler_id": self.delay_rng.choice(REVIEWERS),
-                                                     "labeled_at": int(time.time() * 1000)}))
+        await self.producer.send(self.settings.topic_labels, key=req.classifier_id.encode(),
+                                 value=label_record_bytes(req.request_id, None if skip else bool(y),
+                                                          labeler_id=self.delay_rng.choice(REVIEWERS),
+                                                          labeled_at=int(time.time() * 1000)))
         if skip:
             self.skipped += 1
         else:
@@ -419,3 +343,15 @@ class Demo:
             if live is not None:
                 live.update(self.renderable())
             await asyncio.sleep(0.5)
+
+
+async def _all_or_none(*aws) -> None:
+    """Await all of `aws` concurrently; when one fails, cancel the others and raise."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
