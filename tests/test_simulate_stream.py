@@ -149,8 +149,8 @@ def test_a_burst_runs_the_fixed_population_design():
     assert len(rounds) >= 10
     for e in rounds:
         assert e["pending"] == 0 and not e["converged"]
-        expected = allocation.allocate("opt_track", N=e["N"], n=e["n"], h=e["h"], q=e["q"], D=8, round_index=0,
-                                       rng=np.random.default_rng(0), with_replacement=False)
+        D = streams.shortfall_round(8, e["N"], e["n"], e["h"], e["q"], 0.05, 0.95, e["closed"])
+        expected = allocation.allocate_opt_track(e["N"], e["n"], e["h"], e["q"], D, with_replacement=False)
         expected = np.maximum(expected, streams.catch_up(e["N"], e["n"], e["h"], e["q"], 0.05, 0.95, e["closed"]))
         before = e["requested"] - (e["want"] if e["issued"] else 0)
         assert np.array_equal(e["want"], expected)
@@ -196,8 +196,8 @@ def test_open_chunk_interval_has_no_fpc_and_closed_one_does():
 def test_budget_is_paced_over_the_hour_and_reported():
     """A burst wanting more labels than a budget of 60 per hour: requests never
     exceed the paced allowance (6 at the top of the hour, then 54 more spread
-    over it; 59 at the last step of the hour, 3595 s, as `budget_allowance`
-    floors), the chunk says waiting_for_budget while labels wait, the budget
+    over it; all 60 by the last step of the hour, 3595 s, as `budget_allowance`
+    rounds up), the chunk says waiting_for_budget while labels wait, the budget
     starts again with the next clock hour, and what was requested is still
     part of the threshold sample (the waiting items lie below the thresholds)."""
     s = settings(chunk_seconds=3600.0, delta=0.05, max_labels_per_hour=60, cap_seconds=3 * 3600.0)
@@ -209,9 +209,9 @@ def test_budget_is_paced_over_the_hour_and_reported():
         assert e["issued_hour"] <= allowed
         hours.setdefault(int(e["t"] // 3600), 0)
         hours[int(e["t"] // 3600)] = max(hours[int(e["t"] // 3600)], e["issued_hour"])
-    assert hours[0] == 59 and hours[1] == 59  # all it allows, in each clock hour
+    assert hours[0] == 60 and hours[1] == 60  # all it allows, in each clock hour
     early = [e for e in tr if e["t"] < 600]
-    assert max(e["issued_hour"] for e in early) <= int(streams.budget_allowance(60, 600))  # 14, not 60
+    assert max(e["issued_hour"] for e in early) <= int(streams.budget_allowance(60, 600))  # 15, not 60
     assert any(e["status"] == "waiting_for_budget" for e in tr)
     assert r.budget_blocked_steps[0] > 0
     c = r.chunks

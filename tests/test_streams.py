@@ -96,6 +96,10 @@ def test_plan_paces_while_flowing_and_runs_rounds_once_stopped():
                                 / (4 * N))
     tau, want = streams.plan_requests(N, n, h, q, np.zeros(4), N, False, True, False, 0.02, 0.95, 8)
     assert tau.tolist() == [0, 0, 0, 0] and want.tolist() == [2, 2, 2, 2]
+    # once closed, a round takes half of what the half-width says is missing
+    n, h = np.full(4, 20.0), np.array([12.0, 15.0, 18.0, 20.0])
+    _, want = streams.plan_requests(N, n, h, q, np.zeros(4), N, False, True, False, 0.02, 0.95, 8, closed=True)
+    assert want.sum() == streams.shortfall_round(8, N, n, h, q, 0.02, 0.95, True) > 8
     # a round still pending, or converged: no new round
     assert streams.plan_requests(N, n, h, q, np.zeros(4), N, False, False, False, 0.02, 0.95, 8)[1].sum() == 0
     assert streams.plan_requests(N, n, h, q, np.zeros(4), N, False, True, True, 0.02, 0.95, 8)[1].sum() == 0
@@ -122,7 +126,38 @@ def test_open_interval_has_no_fpc_and_never_zero_width():
 
 
 def test_budget_allowance_accrues_over_the_hour():
-    assert streams.budget_allowance(500, [0, 1800, 3599, 3600]).tolist() == [50, 275, 499, 500]
+    # 50 + 450 * s / 3600, rounded up: the whole budget during the hour's last second
+    assert streams.budget_allowance(500, [0, 1, 1800, 3599, 3600]).tolist() == [50, 51, 275, 500, 500]
+    assert streams.budget_allowance(7, [0, 3600]).tolist() == [1, 7]
+
+
+def test_labels_to_reach_inverts_the_closed_interval():
+    # one stratum at p = 1/2 (h = n/2, so the half-label guard changes nothing), N so large the fpc is nil:
+    # the design-effect Wilson half-width is (z/2) / sqrt(n_eff + z^2) with n_eff = (n - 1) / margin,
+    # so it reaches delta at n = 1 + margin * (z^2 / (4 delta^2) - z^2)
+    z, m = 1.959963984540054, STOPPING_VARIANCE_MARGIN
+    want = 1 + m * (z * z / (4 * 0.05**2) - z * z)  # 394.62
+    assert streams.labels_to_reach([1e9], [100.0], [50.0], 0.05, 0.95) == pytest.approx(want, rel=1e-4)
+    # already narrow enough, or no interval yet: today's labels
+    assert streams.labels_to_reach([1e9], [1000.0], [500.0], 0.05, 0.95) == 1000
+    assert streams.labels_to_reach([1e9, 10.0], [100.0, 1.0], [50.0, 1.0], 0.05, 0.95) == 101
+    # never more than the chunk holds
+    assert streams.labels_to_reach([150.0], [100.0], [50.0], 0.001, 0.95) == pytest.approx(150)
+
+
+def test_shortfall_round_takes_half_of_what_is_missing_once_closed():
+    z, m = 1.959963984540054, STOPPING_VARIANCE_MARGIN
+    missing = 1 + m * (z * z / (4 * 0.05**2) - z * z) - 100  # 294.6 (above)
+    N, n, h = [1e9], [100.0], [50.0]
+    q = [0.5]  # a prior at the labels' own proportion: the projection holds p = 1/2
+    assert streams.shortfall_round(8, N, n, h, q, 0.05, 0.95, closed=True) == np.ceil(streams.SHORTFALL_SHARE * missing)
+    assert streams.shortfall_round(8, N, n, h, q, 0.05, 0.95, closed=False) == 8  # open: Bennett & Carvalho's 2K
+    assert streams.shortfall_round(8, N, [390.0], [195.0], q, 0.05, 0.95, closed=True) == 8  # never below 2K
+    got = streams.shortfall_round(8, [N, N], [n, n], [h, h], [q, q], 0.05, 0.95, np.array([True, False]))
+    assert got.tolist() == [148, 8]
+    # two labels that disagree in a stratum the scores put at 0.99: projected at (1 + 10 * 0.99) / 12, not 1/2
+    sure, unsure = (streams.shortfall_round(8, [1e9], [2.0], [1.0], [p], 0.05, 0.95, True) for p in ([0.99], [0.5]))
+    assert 8 <= sure < unsure
 
 
 def test_status():

@@ -53,12 +53,11 @@ def request_message(rid: str, cid: str, stratum: int, member: dict, requested_ms
 
 
 class RequestLoop:
-    def __init__(self, store: Store, settings, publish, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, store: Store, settings, publish) -> None:
         """`publish(list[(key, value)])` sends records to the label-requests topic and waits for acks."""
         self.store = store
         self.settings = settings
         self.publish = publish
-        self.rng = rng or np.random.default_rng()
         self.instance = settings.instance_id
         self._purged: dict[str, int] = {}  # classifier -> newest chunk when last purged
         self._seen: dict[tuple[str, int], tuple] = {}  # (classifier, chunk) -> what the last step looked at
@@ -121,7 +120,7 @@ class RequestLoop:
         tau, want = streams.plan_requests(cs.N, cs.n, cs.h, await self._prior(cid, cs, cfg), cs.thresholds,
                                           cs.N * final / total, flowing, pending == 0, converged, cfg.delta,
                                           cfg.confidence, allocation.round_size(cs.strata, cfg.round_labels_per_stratum),
-                                          self.rng, closed=closed)
+                                          closed=closed)
         due, tau, left = await self._due(cid, cs, cfg, tau, want)
         budget = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600))
                      - await self.store.issued_this_hour(cid, now) - issued_before)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .allocation import MIN_LABELS_PER_STRATUM, pseudo_smoothed
+from .allocation import MIN_LABELS_PER_STRATUM, allocate_opt_track, pseudo_smoothed
 from .estimator import STOPPING_VARIANCE_MARGIN, Interval, half_label_smoothed, interval, z_value
 
 #: Share of the Neyman target the pace aims at while items still arrive; the
@@ -64,6 +64,13 @@ SILENCE_GAPS = 20.0
 MIN_SILENCE_SECONDS = 30.0
 #: ... but never more than this share of the chunk's length.
 MIN_SILENCE_CHUNK_SHARE = 1.0 / 120.0
+#: Share of the labels a closed chunk's half-width says are still missing that
+#: one round takes (`shortfall_round`): answers that come after the chunk has
+#: closed often come slowly (a review queue works through it), and each round
+#: waits for its slowest answer, so rounds of 2K labels would take hours.
+#: Half the estimated shortfall halves the gap per round without
+#: overshooting on a noisy half-width.
+SHORTFALL_SHARE = 0.5
 #: Share of the hourly label budget available at the start of a clock hour;
 #: the rest accrues evenly over the hour (`budget_allowance`).
 BUDGET_BURST_SHARE = 0.1
@@ -163,35 +170,84 @@ def budget_allowance(max_per_hour: int, seconds_into_hour) -> np.ndarray:
     A tenth of the hourly budget is there at the top of the hour, the rest
     accrues evenly, so a budget is never spent in the first minutes of the
     hour; whatever the hour did not use is gone when the next one starts.
+    Rounded up, so the whole budget is there during the hour's last second.
     """
     s = np.clip(np.asarray(seconds_into_hour, dtype=float), 0.0, 3600.0)
     share = np.minimum(1.0, BUDGET_BURST_SHARE + (1.0 - BUDGET_BURST_SHARE) * s / 3600.0)
-    return np.floor(max_per_hour * share).astype(np.int64)
+    return np.minimum(max_per_hour, np.ceil(max_per_hour * share - 1e-9)).astype(np.int64)
+
+
+def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, iterations: int = 30) -> np.ndarray:
+    """Labels at which a closed chunk's interval would be down to `delta` if
+    every stratum's labels grew by the same factor, with proportions ``p``
+    (default: the labels' own, ``h/n``): the smallest total of ``min(t n_k, N_k)`` whose interval
+    (`chunk_interval`, closed: the finite population correction and the
+    half-label guard at the larger counts) has a half-width <= delta, by
+    bisection on ``t``.  The same interval as the stopping rule's, so a
+    stratum whose labels all agree counts its guard shrinking as ``1/n``, not
+    ``1/sqrt(n)``.  Today's labels where the interval is already narrow
+    enough or has no width yet (fewer than two labels in a stratum)."""
+    N = np.asarray(N, dtype=float)
+    n = np.asarray(n, dtype=float)
+    h = np.asarray(h, dtype=float)
+    p = h / np.maximum(n, 1.0) if p is None else np.asarray(p, dtype=float)
+    grown = lambda t: np.minimum(n * t[..., None], np.maximum(N, n))  # noqa: E731
+    width = lambda t: chunk_interval(N, grown(t), p * grown(t), confidence, True).halfwidth  # noqa: E731
+    now = width(np.ones(N.shape[:-1]))
+    lo = np.ones(N.shape[:-1])
+    with np.errstate(divide="ignore"):
+        hi = np.maximum(np.max(np.where(n > 0, N / np.maximum(n, 1.0), 1.0), axis=-1), 1.0)
+    for _ in range(iterations):
+        mid = np.sqrt(lo * hi)
+        ok = width(mid) <= delta
+        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+    short = np.isfinite(now) & (now > delta)
+    return np.where(short, grown(hi).sum(axis=-1), n.sum(axis=-1))
+
+
+def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed) -> np.ndarray:
+    """Round size: ``D`` (Bennett & Carvalho's two labels per stratum), and once
+    the chunk has `closed`, at least `SHORTFALL_SHARE` of the labels its
+    interval says are missing (`labels_to_reach`).  The missing labels are
+    the smaller of two forecasts: with the strata's proportions from their
+    labels alone, and with the score prior's pseudo-observations
+    (`allocation.pseudo_smoothed`).  Each errs one way: two labels that
+    disagree in a stratum of precision 0.99 forecast a spread of 1/2 for its
+    next hundred, and a miscalibrated score forecasts a spread the labels do
+    not show; a forecast too low costs only another round.
+    """
+    closed = np.asarray(closed, dtype=bool)
+    if not closed.any():
+        return np.broadcast_to(np.asarray(D, dtype=np.int64), np.shape(n)[:-1]).copy()
+    total = np.sum(n, axis=-1)
+    need = np.minimum(labels_to_reach(N, n, h, delta, confidence),
+                      labels_to_reach(N, n, h, delta, confidence, pseudo_smoothed(n, h, q)))
+    missing = np.maximum(need - total, 0.0)
+    return np.where(closed, np.maximum(D, np.ceil(SHORTFALL_SHARE * missing)), D).astype(np.int64)
 
 
 def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, delta: float, confidence: float,
-                  round_labels: int, rng: np.random.Generator | None = None, closed=False
-                  ) -> tuple[np.ndarray, np.ndarray]:
+                  round_labels: int, closed=False) -> tuple[np.ndarray, np.ndarray]:
     """One decision of the request loop for one chunk (or many runs at once).
 
     Returns ``(tau, want)``: the paced thresholds (while `flowing`) and the
     extra labels per stratum of a round where the arrivals have stopped, the
     previous round is complete (`round_ready`: nothing pending) and the chunk
     has not `converged`: an online OPT round (``opt_track``, `round_labels`
-    labels), or more where a stratum with `CATCH_UP_MIN_LABELS` labels is
-    short of `CATCH_UP_SHARE` of its target (`catch_up`).  The caller turns
+    labels, or once the chunk has `closed` a share of what its interval says
+    is missing: `shortfall_round`), or more where a stratum with
+    `CATCH_UP_MIN_LABELS` labels is short of `CATCH_UP_SHARE` of its target
+    (`catch_up`).  The caller turns
     ``want`` into higher thresholds by taking the next-lowest priorities of
     each stratum (`threshold_after`).
     """
-    from .allocation import allocate  # local: allocation imports estimator, as does this module
-
     N = np.asarray(N, dtype=float)
     flowing = np.asarray(flowing, dtype=bool)[..., None]
     N_final = np.asarray(N_final, dtype=float)
     paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True))
     tau = np.where(flowing, paced, np.asarray(tau, dtype=float))
-    want = allocate("opt_track", N=N, n=n, h=h, q=q, D=round_labels, round_index=0,
-                    rng=rng or np.random.default_rng(0), with_replacement=False)
+    D = shortfall_round(round_labels, N, n, h, q, delta, confidence, closed)
+    want = allocate_opt_track(N, n, h, q, D, with_replacement=False)
     want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed))
     do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
     return tau, np.where(do_round[..., None], want, 0)
