@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from service.simulate import populations as P
-from service.simulate import stream
+from service.simulate import arrivals, stream, stream_study
 from service.stats import allocation, streams
 
 POP = P.builtin("calibrated")
@@ -26,7 +26,7 @@ def settings(**kw) -> stream.StreamSettings:
 def test_arrivals_of_each_scenario():
     rng = np.random.default_rng(1)
     s = settings(rate=2.0)
-    t, count, M = stream._arrival_times(stream.SCENARIOS["slow"], s, 400, rng)
+    t, count, M = arrivals.arrival_times(stream.SCENARIOS["slow"], s, 400, rng)
     assert abs(count.mean() - 2400) < 3 * np.sqrt(2400 / 400)  # Poisson, rate x chunk length
     with np.errstate(invalid="ignore"):
         gaps = np.diff(t, axis=1)
@@ -34,9 +34,9 @@ def test_arrivals_of_each_scenario():
     assert np.nanmax(np.where(np.isfinite(t), t, np.nan)) < 1200
     thirds = [np.mean(((t >= a) & (t < a + 400)).sum(axis=1)) for a in (0, 400, 800)]
     assert max(thirds) - min(thirds) < 0.02 * 800  # uniform over the chunk
-    t, count, M = stream._arrival_times(stream.SCENARIOS["burst"], s, 5, rng)
+    t, count, M = arrivals.arrival_times(stream.SCENARIOS["burst"], s, 5, rng)
     assert (count == 2400).all() and t.max() < 1.0
-    t, count, M = stream._arrival_times(stream.SCENARIOS["bursts"], s, 50, rng)
+    t, count, M = arrivals.arrival_times(stream.SCENARIOS["bursts"], s, 50, rng)
     ok = np.isfinite(t)
     assert np.all(t[ok] % 20.0 < 1.0)  # every item within the first second of its 20 s batch
     assert abs(count.mean() - 2400) < 30
@@ -99,8 +99,8 @@ def test_raised_thresholds_equal_threshold_after():
 
 
 def test_ranges():
-    assert stream._ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist() == [5, 6, 9, 10, 11]
-    assert stream._ranges(np.array([1]), np.array([0])).size == 0
+    assert arrivals.ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist() == [5, 6, 9, 10, 11]
+    assert arrivals.ranges(np.array([1]), np.array([0])).size == 0
 
 
 # ------------------------------------------------------------------ the loop

@@ -12,9 +12,10 @@ import numpy as np
 
 from ..stats.allocation import ALLOCATIONS
 from ..stats.strata import STRATIFICATIONS
+from .arrivals import SCENARIOS, StreamSettings
 from .engine import Protocol
 from .populations import BUILTIN, builtin, load
-from .stream import SCENARIOS, StreamSettings, StreamStudy
+from .stream_study import StreamStudy
 from .study import StudyRequest, as_json, designs_for, run_study, summarise, summarise_budget
 
 STATIC_DELTA = 0.01
@@ -203,7 +204,7 @@ def main(args) -> int:
 
 
 def _main_stream(args, pop) -> int:
-    from . import stream
+    from . import stream_study
 
     defaults = StreamSettings()
     settings = StreamSettings(
@@ -223,7 +224,7 @@ def _main_stream(args, pop) -> int:
         print(f"stratameter simulate: error: {exc}", file=sys.stderr)
         return 2
     if args.json or not sys.stderr.isatty():
-        static, rows = stream.run_study(study, workers=args.workers)
+        static, rows = stream_study.run_study(study, workers=args.workers)
     else:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -231,9 +232,9 @@ def _main_stream(args, pop) -> int:
                       TextColumn("{task.completed}/{task.total} (static design and scenarios)"),
                       TimeElapsedColumn(), transient=True) as bar:
             task = bar.add_task(pop.name, total=len(study.scenarios) + 1)
-            static, rows = stream.run_study(study, lambda done, total: bar.update(task, completed=done), args.workers)
+            static, rows = stream_study.run_study(study, lambda done, total: bar.update(task, completed=done), args.workers)
     if args.json:
-        print(json.dumps(stream.as_json(study, static, rows)))
+        print(json.dumps(stream_study.as_json(study, static, rows)))
     else:
         _print_stream_table(study, static, rows)
     return 0

@@ -26,8 +26,6 @@ would compare MSEs over differently selected runs) and is null otherwise.
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -36,6 +34,7 @@ import numpy as np
 from ..stats.allocation import ALLOCATIONS, DEFAULT_ALLOCATION
 from ..stats.strata import STRATIFICATIONS
 from .engine import Design, Protocol, prepare, run_budget, run_until_stop
+from .parallel import map_in_processes
 from .populations import Population
 
 DEFAULT_STRATIFICATION = "perc"
@@ -141,24 +140,7 @@ def run_study(req: StudyRequest, progress: Callable[[int, int], None] | None = N
     across designs, not within one.
     """
     tasks = [(i, req, d) for i, d in enumerate(req.designs)]
-    results: list[dict | None] = [None] * len(tasks)
-    workers = workers or min(len(tasks), os.cpu_count() or 1)
-    done = 0
-    if workers <= 1 or len(tasks) == 1:
-        for t in tasks:
-            i, r = _one_design(t)
-            results[i] = r
-            done += 1
-            if progress:
-                progress(done, len(tasks))
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for i, r in pool.map(_one_design, tasks):
-                results[i] = r
-                done += 1
-                if progress:
-                    progress(done, len(tasks))
-    return results  # type: ignore[return-value]
+    return [r for _, r in map_in_processes(_one_design, tasks, progress, workers)]
 
 
 def summarise(req: StudyRequest, results: list[dict]) -> list[DesignSummary]:

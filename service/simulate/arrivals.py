@@ -1,0 +1,206 @@
+"""The chunks `stratameter simulate --stream` replays: how items arrive, what
+they are, how reviewers answer.
+
+A run's chunk is a fresh sample of a population arriving over
+``[0, chunk_seconds)`` in one of the `SCENARIOS` (Poisson, one burst, batches,
+a precision drop half-way, late answers).  Its strata come from the histogram
+of its first `ingestor.provisional_cap` arrivals (the service's provisional
+chunk), every item has a uniform priority (the reservoir key), and items are
+laid out per run by (stratum, priority), so a threshold is a prefix of its
+stratum (`Chunks`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ingest.ingestor import provisional_cap
+from ..stats import stopping
+from ..stats.calibration import resolve_kind, to_probability
+from ..stats.sketch import ScoreHistogram
+from ..stats.strata import boundaries
+from .populations import Population
+
+#: Reviewer delay of the "fast reviewer" (seconds, uniform).
+FAST_REVIEW = (2.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """How a chunk's items arrive and how reviewers answer."""
+
+    name: str
+    description: str
+    arrivals: str = "poisson"  # "poisson" (rate items/s), "burst" (all in the first second), "batches"
+    batch_seconds: float = 20.0  # "batches": one batch every this many seconds
+    drift: float = 0.0  # precision drop of the items arriving in the chunk's second half
+    review_delay: tuple[float, float] = FAST_REVIEW  # seconds, uniform
+    skip_rate: float = 0.0
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("slow", "Poisson arrivals at the rate (default 1 item/s) over the whole chunk"),
+    Scenario("burst", "all of the chunk's items (rate x chunk length) arrive in its first second", "burst"),
+    Scenario("bursts", "a batch every 20 s (Poisson count, rate x 20 on average), each within one second",
+             "batches"),
+    Scenario("drift", "as slow, but the precision of the second half of the chunk is 0.2 lower "
+             "(positives relabelled negative at random)", drift=0.2),
+    Scenario("late-answers", "as slow, reviewers answer after 10-30 minutes", review_delay=(600.0, 1800.0)),
+)}
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """The service settings the loop uses, and the simulation's own."""
+
+    delta: float = 0.02
+    confidence: float = 0.95
+    chunk_seconds: float = 3600.0
+    rate: float = 1.0  # items (predicted positives) per second
+    lateness: float = 300.0  # ALLOWED_LATENESS_SECONDS
+    max_labels_per_hour: int | None = None  # None: no budget
+    label_timeout: float = 86400.0  # LABEL_TIMEOUT_SECONDS
+    review_delay: tuple[float, float] | None = None  # None: the scenario's
+    skip_rate: float | None = None  # None: the scenario's
+    strata: int = 4
+    stratification: str = "perc"
+    labels_per_stratum: int = 2  # ROUND_LABELS_PER_STRATUM
+    stop_rounds: int = stopping.DEFAULT_ROUNDS
+    reservoir_size: int = 1024  # RESERVOIR_SIZE: provisional cap, and reported overflow (see `StreamResult`)
+    step_seconds: float = 5.0  # the loop's step grid
+    cap_seconds: float = 6 * 3600.0  # a run still sampling this long after its chunk closed is stopped
+
+
+@dataclass
+class Chunks:
+    """The drawn chunks of R runs, items laid out per run by (stratum, priority).
+
+    Flat arrays of length R * M (M = the largest chunk; a run's unused slots
+    are padding in the pseudo-stratum K, arriving never).
+    """
+
+    runs: int
+    M: int
+    K: int
+    key: np.ndarray  # 2 * (run * (K + 1) + stratum) + priority, increasing
+    u: np.ndarray  # priority in (0, 1), multiples of 2^-32
+    a: np.ndarray  # arrival time (inf for padding)
+    y: np.ndarray  # int8 true label
+    prob: np.ndarray  # calibrated score (to_probability)
+    delay: np.ndarray  # reviewer delay, seconds
+    skip: np.ndarray  # bool: the reviewer skips it
+    stratum: np.ndarray  # int8, K = padding
+    off: np.ndarray  # (R, K + 1) flat index of each stratum's first item
+    size: np.ndarray  # (R, K) final N_k
+    arr_key: np.ndarray  # (R * M,) run * span + arrival time, arrival order per run
+    arr_li: np.ndarray  # (R * M,) layout index of the run's j-th arrival
+    span: float
+    count: np.ndarray  # (R,) items per run
+    start: np.ndarray  # (R,) time the run's chunk gets its strata
+    cuts: list  # per run, the boundaries
+    truth: np.ndarray  # (R,) realised precision of the chunk
+
+    def seg(self, runs, k) -> np.ndarray:
+        return np.asarray(runs) * (self.K + 1) + np.asarray(k)
+
+
+def arrival_times(scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.Generator):
+    """Arrival times per run, increasing, ``inf`` after the run's last item."""
+    T, rate = float(s.chunk_seconds), float(s.rate)
+    if scenario.arrivals == "poisson":  # given the count, the order statistics of uniforms (exponential spacings)
+        count = np.maximum(rng.poisson(rate * T, runs), 1)  # a chunk with no item is no chunk
+        M = max(int(count.max()), 1)
+        spacing = np.cumsum(rng.standard_exponential((runs, M + 1)), axis=1)
+        t = spacing[:, :M] / spacing[np.arange(runs), count][:, None] * T
+    elif scenario.arrivals == "burst":
+        count = np.full(runs, max(int(round(rate * T)), 1))
+        M = int(count[0])
+        t = np.sort(rng.random((runs, M)), axis=1) * min(1.0, T)
+    elif scenario.arrivals == "batches":
+        starts = np.arange(0.0, T, scenario.batch_seconds)
+        per = rng.poisson(rate * scenario.batch_seconds, (runs, starts.size))
+        per[per.sum(axis=1) == 0, 0] = 1  # a chunk with no item is no chunk
+        count = per.sum(axis=1)
+        M = max(int(count.max()), 1)
+        t = np.full((runs, M), np.inf)
+        row = np.repeat(np.arange(runs), count)
+        col = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        within = np.minimum(1.0, np.diff(np.append(starts, T)))
+        t[row, col] = np.repeat(np.tile(starts, runs), per.ravel()) + rng.random(row.size) * np.repeat(
+            np.tile(within, runs), per.ravel())
+        t = np.sort(t, axis=1)
+    else:
+        raise ValueError(f"unknown arrival pattern {scenario.arrivals!r}")
+    t[np.arange(M)[None, :] >= count[:, None]] = np.inf
+    return t, count.astype(np.int64), M
+
+
+def draw(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.Generator) -> Chunks:
+    """R chunks: arrivals, a fresh sample of `pop`, strata, priorities, reviewer behaviour."""
+    K = int(s.strata)
+    T = float(s.chunk_seconds)
+    t, count, M = arrival_times(scenario, s, runs, rng)
+    valid = np.isfinite(t)
+    pick = rng.integers(0, pop.size, (runs, M))
+    score = pop.scores[pick]
+    y = pop.labels[pick].astype(np.int8)
+    if scenario.drift > 0:
+        if scenario.drift >= pop.truth:
+            raise ValueError(f"a precision drop of {scenario.drift} needs a population precision above it, "
+                             f"{pop.name} has {pop.truth:.3f}")
+        late = valid & (t >= T / 2.0) & (y == 1)
+        y[late & (rng.random((runs, M)) < scenario.drift / pop.truth)] = 0
+    y[~valid] = 0
+    truth = y.sum(axis=1) / count
+    kind = resolve_kind("auto", float(pop.scores.min()), float(pop.scores.max()))
+    prob = to_probability(score, kind)
+    # strata of each run: boundaries on its first arrivals (the service's opening histogram)
+    cap = max(provisional_cap(K, s.reservoir_size), 1)
+    opening = np.minimum(count, cap)
+    cuts_pad = np.full((runs, max(K - 1, 0)), np.inf)
+    cuts = []
+    for r in range(runs):
+        c = boundaries(ScoreHistogram.from_scores(score[r, :opening[r]]), K, s.stratification)
+        cuts.append(c)
+        cuts_pad[r, :c.size] = c
+    stratum = np.zeros((runs, M), dtype=np.int8)
+    for j in range(cuts_pad.shape[1]):
+        stratum += score >= cuts_pad[:, j:j + 1]
+    stratum[~valid] = K
+    start = t[np.arange(runs), opening - 1]
+    u = rng.integers(1, 2**32, (runs, M), dtype=np.uint32) / 2.0**32
+    # layout: per run by (stratum, priority)
+    order = np.argsort(stratum * 2.0 + u, axis=1, kind="stable")
+    take = lambda x: np.take_along_axis(x, order, axis=1).ravel()  # noqa: E731
+    # reviewer behaviour is independent of everything else: drawn in layout order
+    lo, hi = s.review_delay or scenario.review_delay
+    delay = (lo + (hi - lo) * rng.random(runs * M, dtype=np.float32))
+    skip_rate = scenario.skip_rate if s.skip_rate is None else s.skip_rate
+    skip = rng.random(runs * M, dtype=np.float32) < skip_rate
+    lay_stratum = take(stratum)
+    lay_u = take(u)
+    seg = np.repeat(np.arange(runs), M) * (K + 1) + lay_stratum
+    key = seg * 2.0 + lay_u
+    seg_count = np.bincount(seg, minlength=runs * (K + 1)).reshape(runs, K + 1)
+    off = np.arange(runs)[:, None] * M + np.cumsum(seg_count, axis=1) - seg_count
+    inv = np.empty_like(order)
+    np.put_along_axis(inv, order, np.arange(M)[None, :].repeat(runs, 0), axis=1)
+    arr_li = (np.arange(runs)[:, None] * M + inv).ravel()
+    span = 2.0 ** math.ceil(math.log2(T + 4.0))
+    arr_key = (np.arange(runs)[:, None] * span + np.where(valid, t, T + 2.0)).ravel()
+    return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
+                  lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
+                  truth)
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(start, start + length)`` for each pair."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths)
+    return np.repeat(shift, lengths) + np.arange(total)

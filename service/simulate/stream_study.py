@@ -1,0 +1,148 @@
+"""`stratameter simulate --stream` as a study: every scenario of a population,
+the static design beside it, summaries and the JSON document."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import engine
+from .arrivals import SCENARIOS, StreamSettings
+from .parallel import map_in_processes
+from .populations import Population
+from .stream import StreamResult, run_stream
+
+
+@dataclass
+class StreamSummary:
+    scenario: str
+    description: str
+    runs: int
+    labels_mean: float
+    labels_se: float
+    requests_mean: float
+    reached_delta: float  # share of chunks converged at stop
+    in_conf_reached: float | None  # |estimate - truth| <= delta among those
+    coverage_closed: float  # every (closed) chunk's final interval vs its realised truth
+    no_interval: float  # share of chunks with no interval at stop (counted as not covering)
+    capped: float
+    exhausted: float
+    reservoir_overflow: float
+    budget_blocked: float  # share of chunks that ever waited for the budget
+    truth_mean: float
+    items_mean: float
+    stop_minutes_mean: float
+    static_labels: float | None = None
+    ratio_vs_static: float | None = None
+    seconds: float = 0.0
+
+
+def summarise(name: str, r: StreamResult, delta: float, runs: int, seconds: float) -> StreamSummary:
+    ok = np.isfinite(r.lower) & np.isfinite(r.upper)
+    cover = ok & (r.lower <= r.truth) & (r.truth <= r.upper)
+    conv = r.converged
+    inconf = np.abs(r.estimate - r.truth) <= delta
+    lab = r.labels.astype(float)
+    return StreamSummary(
+        scenario=name, description=SCENARIOS[name].description if name in SCENARIOS else "", runs=runs,
+        labels_mean=float(lab.mean()), labels_se=float(lab.std(ddof=1) / math.sqrt(lab.size)) if lab.size > 1 else 0.0,
+        requests_mean=float(r.requests.mean()), reached_delta=float(conv.mean()),
+        in_conf_reached=float(inconf[conv].mean()) if conv.any() else None,
+        coverage_closed=float(cover[r.closed].mean()) if r.closed.any() else math.nan,
+        no_interval=float((~ok).mean()), capped=float(r.capped.mean()),
+        exhausted=float(np.mean(r.status == "exhausted")), reservoir_overflow=float(r.reservoir_overflow.mean()),
+        budget_blocked=float(np.mean(r.budget_blocked_steps > 0)), truth_mean=float(r.truth.mean()),
+        items_mean=float(r.items.mean()), stop_minutes_mean=float(np.mean(r.stop_seconds) / 60.0), seconds=seconds,
+    )
+
+
+def run_cell(pop: Population, scenario: str, s: StreamSettings, runs: int, seed) -> StreamSummary:
+    t0 = time.perf_counter()
+    r = run_stream(pop, SCENARIOS[scenario], s, runs, seed)
+    return summarise(scenario, r, s.delta, runs, time.perf_counter() - t0)
+
+
+@dataclass
+class StaticSummary:
+    """The fixed-population design (`stratameter simulate` without --stream) on the same population."""
+
+    method: str
+    stratification: str
+    labels_mean: float
+    labels_se: float
+    in_conf: float
+    runs: int
+
+
+def run_static(pop: Population, delta: float, confidence: float, runs: int, seed) -> StaticSummary:
+    design = engine.Design()
+    st = engine.prepare(pop, design)
+    r = engine.run_until_stop(st, design, engine.Protocol(delta=delta, confidence=confidence), runs, seed)
+    return StaticSummary(design.method, design.stratification, float(r.labels.mean()),
+                         float(r.labels.std(ddof=1) / math.sqrt(runs)),
+                         float(np.mean(np.abs(r.estimate - pop.truth) <= delta)), runs)
+
+
+@dataclass
+class StreamStudy:
+    population: Population
+    scenarios: list[str]
+    settings: StreamSettings
+    runs: int
+    seed: int
+
+
+def _task(args):
+    index, study, what = args
+    s = study.settings
+    if what is None:
+        return index, run_static(study.population, s.delta, s.confidence, study.runs,
+                                 np.random.SeedSequence([study.seed, 1000]))
+    seed = np.random.SeedSequence([study.seed, list(SCENARIOS).index(what)])
+    return index, run_cell(study.population, what, s, study.runs, seed)
+
+
+def run_study(study: StreamStudy, progress: Callable[[int, int], None] | None = None,
+              workers: int | None = None) -> tuple[StaticSummary, list[StreamSummary]]:
+    """Every scenario, and the static design for comparison, in parallel processes.
+
+    A scenario's runs depend only on the seed and the scenario (not on which
+    other scenarios are run).
+    """
+    tasks = [(0, study, None)] + [(i + 1, study, name) for i, name in enumerate(study.scenarios)]
+    results = [r for _, r in map_in_processes(_task, tasks, progress, workers)]
+    static, rows = results[0], results[1:]
+    for row in rows:
+        row.static_labels = static.labels_mean
+        row.ratio_vs_static = row.labels_mean / static.labels_mean if static.labels_mean > 0 else None
+    return static, rows
+
+
+def as_json(study: StreamStudy, static: StaticSummary, rows: list[StreamSummary]) -> dict:
+    """The machine-readable document of `stratameter simulate --stream --json`."""
+    s = study.settings
+    settings = {k: v for k, v in asdict(s).items() if k not in ("delta", "confidence")}
+    return {
+        "mode": "stream",
+        "population": study.population.name,
+        "size": study.population.size,
+        "truth": study.population.truth,
+        "delta": s.delta,
+        "alpha": round(1.0 - s.confidence, 10),
+        "confidence": s.confidence,
+        "runs": study.runs,
+        "seed": study.seed,
+        "settings": settings,
+        "static": asdict(static),
+        "scenarios": [{k: _json_number(v) for k, v in asdict(r).items()} for r in rows],
+    }
+
+
+def _json_number(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
