@@ -32,7 +32,8 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import repeat
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, NamedTuple
@@ -123,10 +124,97 @@ class _LabelWireExtra(_LabelWire, forbid_unknown_fields=False):
 # decoded by the ``...Extra`` struct, but only after ``orjson.loads`` accepted the whole value:
 # msgspec skips an unknown field without reading it (invalid UTF-8 or a number out of the
 # double range there would pass), and the contract rejects such a value as ``invalid_json``.
-_decode_score = msgspec.json.Decoder(_ScoreWire).decode
-_decode_score_extra = msgspec.json.Decoder(_ScoreWireExtra).decode
-_decode_label = msgspec.json.Decoder(_LabelWire).decode
-_decode_label_extra = msgspec.json.Decoder(_LabelWireExtra).decode
+class _Codec(NamedTuple):
+    strict: msgspec.json.Decoder
+    extra: msgspec.json.Decoder
+
+
+#: what `_decoded` gives for a value that does not decode
+_NO_SCORE = _ScoreWire(classifier_id="", item_id="", score=0.0)
+_NO_LABEL = _LabelWire(request_id="", label=None)
+_SCORE_CODEC = _Codec(msgspec.json.Decoder(_ScoreWire), msgspec.json.Decoder(_ScoreWireExtra))
+_LABEL_CODEC = _Codec(msgspec.json.Decoder(_LabelWire), msgspec.json.Decoder(_LabelWireExtra))
+
+
+def _decode_batch(values: Sequence[Any], max_bytes: int, codec: _Codec) -> list | None:
+    """Every value of the batch decoded by the strict struct in one msgspec call, or None
+    when any value needs `_decode_each` (a tombstone, a size outside 2..`max_bytes`, a value
+    not starting with ``{`` or not ending with ``}``, any decoding error).
+
+    The values are joined with newlines and read by ``decode_lines``, which reads a
+    sequence of JSON values.  This reads each value alone, exactly as ``decode(value)``
+    would: at every seam the text is ``}`` newline ``{``, which no JSON value can span
+    (inside a string a raw newline is invalid, inside an array or object ``}`` must be
+    followed by ``,`` or a closing bracket), so each value is one or more whole values, and
+    n values read as n objects are one object each."""
+    n = len(values)
+    try:
+        joined = b"\n".join(values)
+    except TypeError:  # a tombstone (None)
+        return None
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+    if not n or lengths.min() < 2 or lengths.max() > max_bytes:
+        return None
+    ends = np.cumsum(lengths + 1) - 2
+    text = np.frombuffer(joined, dtype=np.uint8)
+    if not ((text[ends] == 0x7D).all() and (text[ends - lengths + 1] == 0x7B).all()):
+        return None
+    try:
+        structs = codec.strict.decode_lines(joined)
+    except Exception:  # a field of the producer's own, an invalid record: each by itself then
+        return None
+    return structs if len(structs) == n else None
+
+
+def _decode_each(values: Sequence[Any], max_bytes: int, codec: _Codec, bad: list[int]) -> Iterator[tuple[int, Any]]:
+    """(position, struct) of each value the strict struct (or, for a record with fields of
+    the producer's own, the lenient one once orjson accepted the whole value) decodes; the
+    positions of the others are appended to `bad`."""
+    decode, decode_extra, loads = codec.strict.decode, codec.extra.decode, orjson.loads
+    extra = False  # a record had fields of the producer's own
+    for i, v in enumerate(values):
+        if not v or len(v) > max_bytes:
+            bad.append(i)
+            continue
+        try:
+            if extra:  # as exact as `decode` for a record without such fields, only slower
+                loads(v)
+                r = decode_extra(v)
+            else:
+                r = decode(v)
+        except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
+            try:
+                loads(v)
+                r = decode_extra(v)
+                extra = True  # the next records likely have such fields too: read them so first
+            except Exception:
+                bad.append(i)
+                continue
+        except Exception:  # not JSON, not an object, ...
+            bad.append(i)
+            continue
+        yield i, r
+
+
+#: Values per msgspec call: a chunk's structs are still in the CPU cache while their fields
+#: are read (a whole poll's, decoded at once, were not: parsing took twice as long in the service).
+_CHUNK = 128
+
+
+def _decoded(values: Sequence[Any], max_bytes: int, codec: _Codec, bad: list[int], none: Any
+             ) -> Iterator[tuple[int, list]]:
+    """``(start, structs)`` per chunk of `values`: ``structs[j]`` is ``values[start + j]``
+    decoded (`_decode_batch`, else `_decode_each`), or `none` where it does not decode (its
+    position is appended to `bad`)."""
+    for start in range(0, len(values), _CHUNK):
+        part = values[start:start + _CHUNK]
+        structs = _decode_batch(part, max_bytes, codec)
+        if structs is None:
+            structs, failed = [none] * len(part), []
+            for j, r in _decode_each(part, max_bytes, codec, failed):
+                structs[j] = r
+            bad.extend(start + j for j in failed)
+        yield start, structs
 
 
 class Reject(NamedTuple):
@@ -367,23 +455,19 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float], window: tuple
     return cid, item, s, pp, et, ctx
 
 
-def _settle(n: int, bad: list[int], flat: list, width: int, values, max_bytes: int, row
-            ) -> tuple[np.ndarray, list, list[Reject]]:
-    """Diagnose the records the fast path set aside with the reference rules `row(record, i)`:
-    rejects get their reason; a valid one the fast path passed over is merged back in order.
-    Returns the accepted positions, the flat accepted rows and the rejects."""
+def _settle(n: int, bad: list[int], values, max_bytes: int, row) -> tuple[np.ndarray, list[Reject], list[tuple]]:
+    """Diagnose the records the fast path set aside with the reference rules `row(record, i)`.
+    Returns the positions the fast path accepted, the rejects with their reasons, and the
+    valid records the fast path passed over (none expected) as ``(position, *row)``."""
     rejects: list[Reject] = []
-    late: list[tuple] = []   # valid records the fast path passed over (none expected)
+    late: list[tuple] = []
     for i in bad:
         out = _diagnose(values[i], max_bytes, lambda r, i=i: row(r, i))
         if len(out) == 2:
             rejects.append(Reject(i, *out))
         else:
             late.append((i, *out))
-    index = _accepted_index(n, bad)
-    if late:
-        index, flat = _merge_late(index, flat, late, width)
-    return index, flat, rejects
+    return _accepted_index(n, bad), rejects, late
 
 
 def parse_scores(
@@ -408,12 +492,14 @@ def parse_scores(
     Returns the accepted records as a `ScoreBatch` (in input order) and the
     others as `Reject` records (in input order); together they cover every input
     position exactly once.
+
+    The fast path (`_score_columns`) accepts exactly the valid records (the rules of
+    `_score_row`); what it sets aside is diagnosed by the reference rules (`_settle`).
     """
     n = len(values)
     if len(timestamps_ms) != n:
         raise ValueError(f"{n} values but {len(timestamps_ms)} timestamps")
     window = _ANY_TIME if window is None else (int(window[0]), int(window[1]))
-    wlo, whi = window
     resolve = _threshold_resolver(threshold_for)
     thresholds: dict[str, float] = {}   # valid classifier ids seen in this batch -> threshold
 
@@ -423,85 +509,89 @@ def parse_scores(
             thr = thresholds[cid] = float(resolve(cid))
         return thr
 
-    # Fast path: accepts exactly the valid records (the rules of `_score_row`: the struct's
-    # types and limits, then the rest below); everything else is only noted in `bad` and
-    # diagnosed by `_settle`.  Accepted rows go flat into one list of untracked objects (str,
-    # float, bool, int): no per-record containers for the garbage collector.
-    flat: list[Any] = []
-    ext = flat.extend
     bad: list[int] = []
-    note = bad.append
-    decode, decode_extra, loads, dumps = _decode_score, _decode_score_extra, orjson.loads, orjson.dumps
-    extra = False  # a record had fields of the producer's own (see `_decode_score_extra`)
-    known = thresholds.get
-    lo, hi = EPOCH_MS_FROM, MAX_EPOCH_MS  # an int event_time in here is epoch ms as it is
-    to_ms = event_time_to_ms
-    for i, v, ts in zip(range(n), values, timestamps_ms):
-        if not v or len(v) > max_bytes:
-            note(i)
-            continue
-        try:
-            if extra:  # as exact as `decode` for a record without such fields, only slower
-                loads(v)
-                r = decode_extra(v)
-            else:
-                r = decode(v)
-        except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
-            try:
-                loads(v)
-                r = decode_extra(v)
-                extra = True  # the next records likely have such fields too: read them so first
-            except Exception:
-                note(i)
-                continue
-        except Exception:  # not JSON, not an object, ...
-            note(i)
-            continue
-        cid = r.classifier_id
-        thr = known(cid)  # only valid ids are keys
-        if thr is None:
-            if not is_classifier_id(cid):
-                note(i)
-                continue
-            thr = threshold(cid)
-        et = r.event_time
-        if et is None:
-            et = ts
-        elif type(et) is not int or not lo <= et <= hi:
-            et = to_ms(et)
-            if et is None:
-                note(i)
-                continue
-        if not wlo <= et <= whi:
-            note(i)
-            continue
-        ctx = r.context
-        if ctx is not None:
-            try:
-                ctx = dumps(ctx)
-            except orjson.JSONEncodeError:  # nested too deeply, an integer beyond 64 bits
-                note(i)
-                continue
-            if len(ctx) > MAX_CONTEXT_BYTES:
-                note(i)
-                continue
-            ctx = ctx.decode()  # see `ScoreBatch.context`
-        s = r.score
-        pp = r.predicted_positive
-        ext((cid, r.item_id, s, s >= thr if pp is None else pp, et, ctx))
-
-    index, flat, rejects = _settle(n, bad, flat, 6, values, max_bytes,
+    columns = _score_columns(values, max_bytes, timestamps_ms, threshold, window, bad)
+    index, rejects, late = _settle(n, bad, values, max_bytes,
                                    lambda r, i: _score_row(r, timestamps_ms[i], threshold, window))
-    batch = ScoreBatch(
-        index=index,
-        classifier_id=flat[0::6],
-        item_id=flat[1::6],
-        score=np.array(flat[2::6], dtype=np.float64),
-        predicted_positive=np.array(flat[3::6], dtype=np.bool_),
-        event_time_ms=np.array(flat[4::6], dtype=np.int64),
-        context=flat[5::6],
-    )
+    if late:
+        index, columns = _merge_late_columns(index, columns, late)
+    cid, item, score, positive, event_ms, context = columns
+    batch = ScoreBatch(index=index, classifier_id=cid, item_id=item, score=np.asarray(score, dtype=np.float64),
+                       predicted_positive=np.asarray(positive, dtype=np.bool_),
+                       event_time_ms=np.asarray(event_ms, dtype=np.int64), context=context)
     return batch, rejects
+
+
+def _score_columns(values: Sequence[Any], max_bytes: int, timestamps_ms: Sequence[int],
+                   threshold: Callable[[str], float], window: tuple[int, int], bad: list[int]) -> list:
+    """The fast path: each chunk of values decoded in one pass (`_decoded`: JSON types, string
+    lengths, a finite score), then the rules a struct cannot say (the classifier id, the
+    event time, the context's compact size, the window) a column at a time.  Returns the
+    accepted records' six columns; `bad` becomes the positions set aside, in order."""
+    cids: list[str] = []
+    items: list[str] = []
+    scores: list[float] = []
+    given: list[bool | None] = []
+    times: list[Any] = []
+    contexts: list[str] = []
+    dumps = orjson.dumps
+    for start, structs in _decoded(values, max_bytes, _SCORE_CODEC, bad, _NO_SCORE):
+        cids += [r.classifier_id for r in structs]
+        items += [r.item_id for r in structs]
+        scores += [r.score for r in structs]
+        given += [r.predicted_positive for r in structs]
+        times += [r.event_time for r in structs]
+        try:
+            contexts += [dumps(r.context).decode() for r in structs]  # see `ScoreBatch.context`
+        except orjson.JSONEncodeError:  # nested too deeply, an integer beyond 64 bits
+            for j, r in enumerate(structs):
+                try:
+                    contexts.append(dumps(r.context).decode())
+                except orjson.JSONEncodeError:
+                    contexts.append("null")
+                    bad.append(start + j)
+    n = len(cids)
+    ok = np.ones(n, dtype=np.bool_)
+    ok[bad] = False
+    ids = dict.fromkeys(cids)
+    valid = {cid: threshold(cid) for cid in ids if is_classifier_id(cid)}
+    score = np.array(scores, dtype=np.float64)
+    if len(valid) == len(ids) and len(set(valid.values())) == 1:  # the usual batch: one threshold
+        thr: Any = valid[cids[0]]
+    else:
+        thr = np.fromiter(map(valid.get, cids, repeat(0.0)), dtype=np.float64, count=n)
+        if len(valid) < len(ids):
+            ok &= np.fromiter(map(valid.__contains__, cids), dtype=np.bool_, count=n)
+    positive = score >= thr
+    if given.count(None) != n:
+        positive = np.array([p if g is None else g for g, p in zip(given, positive.tolist())], dtype=np.bool_)
+    event_ms = _event_times(times, timestamps_ms, ok)
+    ok &= (event_ms >= window[0]) & (event_ms <= window[1])
+    if "null" in contexts:  # absent (a context is an object)
+        contexts = [None if c == "null" else c for c in contexts]
+    if n - contexts.count(None) and max(map(len, filter(None, contexts))) > MAX_CONTEXT_BYTES // 4:
+        ok &= np.array([c is None or len(c.encode()) <= MAX_CONTEXT_BYTES for c in contexts], dtype=np.bool_)
+    bad[:] = np.flatnonzero(~ok).tolist()
+    if not bad:
+        return [cids, items, score, positive, event_ms, contexts]
+    keep = np.flatnonzero(ok).tolist()
+    return [[cids[i] for i in keep], [items[i] for i in keep], score[ok], positive[ok], event_ms[ok],
+            [contexts[i] for i in keep]]
+
+
+def _event_times(times: list, timestamps_ms: Sequence[int], ok: np.ndarray) -> np.ndarray:
+    """The event times in epoch ms: `times` (the records' ``event_time`` fields) read by
+    `event_time_to_ms`, the record timestamp where absent; ``ok`` cleared where unreadable."""
+    lo, hi = EPOCH_MS_FROM, MAX_EPOCH_MS  # an int event_time in here is epoch ms as it is
+    if times and set(map(type, times)) == {int} and lo <= min(times) and max(times) <= hi:
+        return np.array(times, dtype=np.int64)  # every one given, in epoch ms (the usual batch)
+    to_ms = event_time_to_ms
+    times = [ts if e is None else e if type(e) is int and lo <= e <= hi else to_ms(e)
+             for e, ts in zip(times, timestamps_ms)]
+    if None in times:  # not an event time
+        ok &= np.array([t is not None for t in times], dtype=np.bool_)
+        times = [0 if t is None else t for t in times]
+    return np.array(times, dtype=np.int64)
 
 
 def _diagnose(value: Any, max_bytes: int, check: Callable[[Any], tuple]) -> tuple:
@@ -535,6 +625,14 @@ def _merge_late(index: np.ndarray, flat: list[Any], late: list[tuple], width: in
     pairs = sorted([*zip(index.tolist(), rows), *((t[0], list(t[1:])) for t in late)], key=lambda p: p[0])
     merged = np.array([p[0] for p in pairs], dtype=np.int64)
     return merged, [x for _, row in pairs for x in row]
+
+
+def _merge_late_columns(index: np.ndarray, columns: list, late: list[tuple]) -> tuple[np.ndarray, list]:
+    """`_merge_late` for a batch held as columns."""
+    width = len(columns)
+    rows = zip(*(c.tolist() if isinstance(c, np.ndarray) else c for c in columns))
+    index, flat = _merge_late(index, [x for row in rows for x in row], late, width)
+    return index, [flat[k::width] for k in range(width)]
 
 
 # --------------------------------------------------------------------------- labels
@@ -587,49 +685,28 @@ def parse_labels(
     flat: list[Any] = []
     ext = flat.extend
     bad: list[int] = []
-    note = bad.append
-    decode, decode_extra, loads = _decode_label, _decode_label_extra, orjson.loads
-    extra = False
     lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
-    for i, v, ts in zip(range(n), values, timestamps_ms):
-        if not v or len(v) > max_bytes:
-            note(i)
-            continue
-        try:
-            if extra:  # as exact as `decode` for a record without such fields, only slower
-                loads(v)
-                r = decode_extra(v)
-            else:
-                r = decode(v)
-        except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
-            try:
-                loads(v)
-                r = decode_extra(v)
-                extra = True  # the next records likely have such fields too: read them so first
-            except Exception:
-                note(i)
+    for start, structs in _decoded(values, max_bytes, _LABEL_CODEC, bad, _NO_LABEL):
+        for i, r in enumerate(structs, start):
+            at = r.labeled_at
+            if r is _NO_LABEL:
                 continue
-        except Exception:  # not JSON, not an object, ...
-            note(i)
-            continue
-        at = r.labeled_at
-        if at is None:
-            at = ts
-        elif type(at) is not int or not lo <= at <= hi:
-            at = time_to_ms(at)
             if at is None:
-                note(i)
-                continue
-        ext((r.request_id, r.label, r.labeler_id, at))
-
-    index, flat, rejects = _settle(n, bad, flat, 4, values, max_bytes, lambda r, i: _label_row(r, timestamps_ms[i]))
-    batch = LabelBatch(
-        index=index,
-        request_id=flat[0::4],
-        label=flat[1::4],
-        labeler_id=flat[2::4],
-        labeled_at_ms=np.array(flat[3::4], dtype=np.int64),
-    )
+                at = timestamps_ms[i]
+            elif type(at) is not int or not lo <= at <= hi:
+                at = time_to_ms(at)
+                if at is None:
+                    bad.append(i)
+                    continue
+            ext((r.request_id, r.label, r.labeler_id, at))
+    bad.sort()  # the chunks' and this loop's, in input order
+    index, rejects, late = _settle(n, bad, values, max_bytes, lambda r, i: _label_row(r, timestamps_ms[i]))
+    columns = [flat[k::4] for k in range(4)]
+    if late:
+        index, columns = _merge_late_columns(index, columns, late)
+    request_id, label, labeler_id, labeled_at = columns
+    batch = LabelBatch(index=index, request_id=request_id, label=label, labeler_id=labeler_id,
+                       labeled_at_ms=np.asarray(labeled_at, dtype=np.int64))
     return batch, rejects
 
 

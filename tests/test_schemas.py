@@ -326,6 +326,30 @@ def test_empty_batches():
         parse_labels([b"{}"], [TS, TS])
 
 
+@pytest.mark.parametrize("values", [
+    [enc(), enc() + enc()],  # two objects in one value: it would read as two records if joined
+    [enc() + b" " + enc(), enc(item_id="x")],
+    [enc()[:-1] + b',"context":{"k":"}', b'{"}}', enc()],  # a string across the seam: a raw newline
+    [enc(context={"k": "v"})[:-2] + b"}", b'{"k":1}}'],  # an object across the seam
+    [b"{}", enc(), b"{ }", enc(item_id="y")],
+    [enc(), b'{"classifier_id":"a","item_id":"\xff","score":0.5}', enc()],
+    [enc()] * 300 + [enc(classifier_id="a b")] + [enc()] * 300,  # more than one chunk
+])
+def test_a_batch_decoded_in_one_pass_reads_each_value_alone(values):
+    """The fast path decodes a chunk of values joined by newlines in one msgspec call: a
+    value that is not exactly one object must not pair up with its neighbour."""
+    batch, rejects = parse_scores(values, [TS] * len(values), 0.5)
+    _check_partition(len(values), batch, rejects)
+    by_index = {r.index: r for r in rejects}
+    for i, value in enumerate(values):
+        alone, alone_rejects = parse_scores([value], [TS], 0.5)
+        if alone_rejects:
+            assert by_index[i][1:] == alone_rejects[0][1:], value
+        else:
+            j = batch.index.tolist().index(i)
+            assert (batch.item_id[j], batch.context[j]) == (alone.item_id[0], alone.context[0])
+
+
 def test_merge_of_rows_accepted_only_by_the_reference_check():
     # No valid record is expected to miss the fast path; if one ever does, it is merged in order.
     index = np.array([0, 3], dtype=np.int64)
