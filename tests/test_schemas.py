@@ -29,11 +29,11 @@ from schemas.messages import (
     LabelRecord,
     LabelRequest,
     ScoreRecord,
-    _rfc3339_to_ms_by_parts,
     format_time,
     rfc3339_to_ms,
     time_to_ms,
 )
+from schemas.times import _rfc3339_to_ms_by_parts
 from schemas.parse import (
     LabelBatch,
     Reject,
