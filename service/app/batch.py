@@ -14,6 +14,7 @@ import numpy as np
 from aiokafka import TopicPartition
 from redis.exceptions import RedisError
 
+from schemas.messages import FOLDED_OUTCOMES, LABEL_OUTCOME_REJECTS
 from schemas.parse import parse_labels, parse_scores
 from ..config import Settings
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
@@ -22,8 +23,39 @@ from ..state.keys import UNKNOWN_LABELS_SCOPE
 from ..state.store import Store
 from .deadletters import DeadLetters
 
-#: Dead-letter reason of a label that was read but not folded, by its outcome (labels.folder).
-LABEL_REJECTS = {"unknown": "unknown_request", "duplicate": "duplicate", "expired": "expired"}
+#: Dead-letter reasons of labels read but not folded (`LABEL_OUTCOME_REJECTS`): not invalid records.
+_LABEL_REJECT_REASONS = frozenset(LABEL_OUTCOME_REJECTS.values())
+
+
+class _Timestamps:
+    """The records' Kafka timestamps as a sequence, read only where asked for (a score's
+    default event time, a label's default ``labeled_at``): not a list built per batch."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> int:
+        return self.records[i].timestamp
+
+    def __iter__(self):
+        return (r.timestamp for r in self.records)
+
+
+def _offsets(records) -> np.ndarray:
+    """Every record's offset.  A partition's offsets only increase, so a batch whose last is
+    its first plus its length minus one holds consecutive offsets (the usual case)."""
+    n = len(records)
+    if not n:
+        return np.empty(0, dtype=np.int64)
+    first, last = records[0].offset, records[-1].offset
+    if last - first == n - 1:
+        return np.arange(first, last + 1, dtype=np.int64)
+    return np.fromiter((r.offset for r in records), dtype=np.int64, count=n)
 
 
 @dataclass
@@ -96,8 +128,8 @@ class BatchHandler:
         dead-lettered (``event_time_in_future`` / ``event_time_too_late``) and creates no chunk.
         None if Redis failed meanwhile (the batch is then staged again, `retry`, and re-raises)."""
         values = [r.value for r in records]
-        stamps = [r.timestamp for r in records]
-        offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records))
+        stamps = _Timestamps(records)
+        offsets = _offsets(records)
         if tp.topic != self.settings.topic_scores:
             batch, rejects = parse_labels(values, stamps)
             return StagedBatch(offsets, batch, list(rejects), None)
@@ -121,7 +153,7 @@ class BatchHandler:
             await self.ingestor.submit(staged.prepared)
         elif tp.topic != self.settings.topic_scores and batch.index.size:
             await self._fold_labels(tp, staged)
-        invalid = {int(offsets[i]): reason for i, reason, _ in rejects if reason not in LABEL_REJECTS.values()}
+        invalid = {int(offsets[i]): reason for i, reason, _ in rejects if reason not in _LABEL_REJECT_REASONS}
         await self.counts.add_invalid(tp.topic, tp.partition, invalid, int(offsets[-1]))
         await self.dead_letters.send(tp, records, rejects)
 
@@ -134,11 +166,11 @@ class BatchHandler:
         unknown_global = []
         for o in outcomes:
             pos = int(batch.index[o.index])
-            if o.outcome in LABEL_REJECTS:
-                staged.rejects.append((pos, LABEL_REJECTS[o.outcome],
+            if o.outcome in LABEL_OUTCOME_REJECTS:
+                staged.rejects.append((pos, LABEL_OUTCOME_REJECTS[o.outcome],
                                        f"label for request_id {batch.request_id[o.index]!r}: {o.outcome}"))
             if o.classifier_id == "":  # names no classifier: counted service-wide
                 unknown_global.append(int(offsets[pos]))
-            if o.outcome in ("accepted", "skipped"):
+            if o.outcome in FOLDED_OUTCOMES:
                 self.wake.set()
         await self.counts.add_unknown_labels(tp.partition, unknown_global, int(offsets[-1]))
