@@ -59,6 +59,27 @@ def ingest_chunks(payload: dict) -> list[tuple[str, list[int]]]:
     return [(c["t"], [r[0] for r in c["res"]]) for c in payload["chunks"]]
 
 
+def _classifier_key(suffix: str, doc: str | None = None):
+    """A `Keys` method: the classifier's key ``<prefix>:{cid}:<suffix>`` (see the table above)."""
+    def key(self: "Keys", cid: str) -> str:
+        return f"{self.prefix}:{{{cid}}}:{suffix}"
+    key.__doc__ = doc or f"``<prefix>:{{cid}}:{suffix}``"
+    return key
+
+
+def _chunk_key(suffix: str, doc: str | None = None):
+    """A `Keys` method: chunk `t`'s key ``<prefix>:{cid}:c:<t>:<suffix>`` (see the table above)."""
+    def key(self: "Keys", cid: str, t: int | str) -> str:
+        return f"{self.prefix}:{{{cid}}}:c:{t}:{suffix}"
+    key.__doc__ = doc or f"``<prefix>:{{cid}}:c:<t>:{suffix}``"
+    return key
+
+
+def _global_key(suffix: str):
+    """A `Keys` property: the service-wide key ``<prefix>:{_global}:<suffix>``."""
+    return property(lambda self: f"{self.global_stem}:{suffix}", doc=f"``<prefix>:{{{GLOBAL_TAG}}}:{suffix}``")
+
+
 class Keys:
     """Key names for one key prefix (``STRATAMETER_REDIS_KEY_PREFIX``)."""
 
@@ -70,29 +91,14 @@ class Keys:
         """The per-classifier stem ``<prefix>:{cid}`` every key of the classifier starts with."""
         return f"{self.prefix}:{{{cid}}}"
 
-    def meta(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:meta"
-
-    def scores_offsets(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:offsets:scores"
-
-    def labels_offsets(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:offsets:labels"
-
-    def chunks(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:chunks"
-
-    def pending(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:pending"
-
-    def counters(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:counters"
-
-    def hourly(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:hourly"
-
-    def lease(self, cid: str) -> str:
-        return f"{self.classifier(cid)}:lease"
+    meta = _classifier_key("meta")
+    scores_offsets = _classifier_key("offsets:scores")
+    labels_offsets = _classifier_key("offsets:labels")
+    chunks = _classifier_key("chunks")
+    pending = _classifier_key("pending")
+    counters = _classifier_key("counters")
+    hourly = _classifier_key("hourly")
+    lease = _classifier_key("lease")
 
     def request(self, cid: str, rid: str) -> str:
         return f"{self.classifier(cid)}:req:{rid}"
@@ -102,56 +108,27 @@ class Keys:
         """The stem of chunk `t`'s keys (``...:c:<t>``)."""
         return f"{self.classifier(cid)}:c:{t}"
 
-    def chunk_meta(self, cid: str, t: int | str) -> str:
-        return f"{self.chunk(cid, t)}:meta"
-
-    def chunk_hist(self, cid: str, t: int | str) -> str:
-        return f"{self.chunk(cid, t)}:hist"
-
-    def chunk_items(self, cid: str, t: int | str) -> str:
-        """``c:<t>:N``: predicted positives per stratum."""
-        return f"{self.chunk(cid, t)}:N"
-
-    def chunk_labels(self, cid: str, t: int | str) -> str:
-        """``c:<t>:n``: labels folded per stratum."""
-        return f"{self.chunk(cid, t)}:n"
-
-    def chunk_positives(self, cid: str, t: int | str) -> str:
-        """``c:<t>:h``: positive labels per stratum."""
-        return f"{self.chunk(cid, t)}:h"
+    chunk_meta = _chunk_key("meta")
+    chunk_hist = _chunk_key("hist")
+    chunk_items = _chunk_key("N", "``c:<t>:N``: predicted positives per stratum.")
+    chunk_labels = _chunk_key("n", "``c:<t>:n``: labels folded per stratum.")
+    chunk_positives = _chunk_key("h", "``c:<t>:h``: positive labels per stratum.")
+    chunk_pscores = _chunk_key("pscores")
+    chunk_sampled = _chunk_key("sampled")
+    chunk_replace = _chunk_key("replace")
 
     def reservoir(self, cid: str, t: int | str, k: int | str) -> str:
         return f"{self.chunk(cid, t)}:res:{k}"
-
-    def chunk_pscores(self, cid: str, t: int | str) -> str:
-        return f"{self.chunk(cid, t)}:pscores"
-
-    def chunk_sampled(self, cid: str, t: int | str) -> str:
-        return f"{self.chunk(cid, t)}:sampled"
-
-    def chunk_replace(self, cid: str, t: int | str) -> str:
-        return f"{self.chunk(cid, t)}:replace"
 
     # ---- service-wide -------------------------------------------------------------------
     @property
     def global_stem(self) -> str:
         return f"{self.prefix}:{{{GLOBAL_TAG}}}"
 
-    @property
-    def classifiers(self) -> str:
-        return f"{self.global_stem}:classifiers"
-
-    @property
-    def instances(self) -> str:
-        return f"{self.global_stem}:instances"
-
-    @property
-    def invalid(self) -> str:
-        return f"{self.global_stem}:invalid"
-
-    @property
-    def labels_unknown(self) -> str:
-        return f"{self.global_stem}:labels_unknown"
+    classifiers = _global_key("classifiers")
+    instances = _global_key("instances")
+    invalid = _global_key("invalid")
+    labels_unknown = _global_key("labels_unknown")
 
     def global_offsets(self, scope: str) -> str:
         return f"{self.global_stem}:offsets:{scope}"
