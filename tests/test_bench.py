@@ -32,8 +32,10 @@ async def test_bench_counts_every_record_and_reports_the_json_shape(kafka_bootst
     assert doc["records_counted"] == 5000  # Redis state counts exactly what was produced
     for key in ("service_records_per_s", "raw_consume_decode_records_per_s", "raw_consume_records_per_s"):
         assert doc[key] > 0
+    # the ratio is rounded to 3 decimals: within that, whatever its size (a loaded machine can
+    # make a 5000-record run's ratio smaller than 0.05, where 1% is finer than the rounding)
     assert doc["ratio"] == pytest.approx(doc["service_records_per_s"] / doc["raw_consume_decode_records_per_s"],
-                                         rel=1e-2)
+                                         rel=1e-2, abs=5e-4)
     # a snapshot when >= 1000 were counted (absent if one poll already saw all 5000), and at the end
     snaps = doc["redis_bytes_per_classifier_at"]
     assert 1 <= len(snaps) <= 2 and snaps[-1]["records"] == 5000

@@ -17,17 +17,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+SUMMARY = "ingestion throughput: the service (Kafka -> Redis state) vs a bare consumer, and Redis memory"
+DESCRIPTION = (
+    "Produces score records once, then measures in the same run: a bare aiokafka consumer reading them "
+    "(raw, and orjson-decoding each), and one service instance ingesting them into Redis with a fresh "
+    "consumer group, until Redis counts them all. Rates are taken from each consumer's first fetched "
+    "record (the group join is excluded). Also reports the Redis memory per classifier at two stream "
+    "lengths. Starts an embedded tansu broker and Redis unless --kafka / --redis are given."
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="ingestion throughput: the service (Kafka -> Redis state) vs a bare consumer, and Redis memory",
-        description="Produces score records once, then measures in the same run: a bare aiokafka consumer "
-                    "reading them (raw, and orjson-decoding each), and one service instance ingesting them "
-                    "into Redis with a fresh consumer group, until Redis counts them all. Rates are taken "
-                    "from each consumer's first fetched record (the group join is excluded). Also reports "
-                    "the Redis memory per classifier at two stream lengths. Starts an embedded tansu broker "
-                    "and Redis unless --kafka / --redis are given.",
-    )
+    p = sub.add_parser("bench", help=SUMMARY, description=DESCRIPTION)
     p.add_argument("--records", type=_positive_int, default=500_000, help="score records (default 500000)")
     p.add_argument("--classifiers", type=_positive_int, default=10, help="classifiers (default 10)")
     p.add_argument("--partitions", type=_positive_int, default=3, help="partitions of the scores topic (default 3)")

@@ -239,31 +239,11 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
         service.consumer.getmany = getmany  # instance attribute: notes the first fetch, nothing else
         tasks = service.spawn(requests=False)
         task = tasks[0]  # consume_forever
-        marks = sorted(m for m in memory_at if m < records)
-        snaps: list[dict] = []
-        deadline = time.monotonic() + timeout_s
-        while True:
-            n = await counted(probe, prefix, cids)
-            if n >= records:
-                t_end = time.perf_counter()
-                break
-            if task.done():
-                task.result()
-                raise RuntimeError(f"the service stopped after counting {n} of {records} records")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the service counted {n} of {records} records in {timeout_s:.0f}s")
-            if marks and n >= marks[0]:
-                while marks and n >= marks[0]:
-                    marks.pop(0)
-                sizes = [await classifier_bytes(probe, prefix, c) for c in cids]
-                snaps.append({"records": n, "bytes_per_classifier": round(sum(sizes) / len(cids))})
-            await asyncio.sleep(poll_s)
+        t_end, snaps = await _until_counted(probe, prefix, cids, records, memory_at, task, timeout_s, poll_s)
         service.stopping.set()
         await asyncio.gather(*tasks)
         task = None
-        sizes = [await classifier_bytes(probe, prefix, c) for c in cids]
-        snaps.append({"records": await counted(probe, prefix, cids),
-                      "bytes_per_classifier": round(sum(sizes) / len(cids))})
+        snaps.append(await _memory(probe, prefix, cids))
         return t_end - first[0], first[0] - t_start, snaps
     finally:
         service.stopping.set()
@@ -273,6 +253,36 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
             await asyncio.gather(*tasks, return_exceptions=True)
         await service.stop()
         await probe.aclose()
+
+
+async def _memory(probe, prefix: str, cids: list[str], n: int | None = None) -> dict:
+    """A memory snapshot: records counted (`n`, else read) and Redis bytes per classifier."""
+    sizes = [await classifier_bytes(probe, prefix, c) for c in cids]
+    return {"records": await counted(probe, prefix, cids) if n is None else n,
+            "bytes_per_classifier": round(sum(sizes) / len(cids))}
+
+
+async def _until_counted(probe, prefix: str, cids: list[str], records: int, memory_at: list[int], task,
+                         timeout_s: float, poll_s: float) -> tuple[float, list[dict]]:
+    """Poll Redis until the classifiers count `records` (raising if the consuming `task` ends
+    or time runs out); returns when, and a memory snapshot at each of `memory_at` passed."""
+    marks = sorted(m for m in memory_at if m < records)
+    snaps: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = await counted(probe, prefix, cids)
+        if n >= records:
+            return time.perf_counter(), snaps
+        if task.done():
+            task.result()
+            raise RuntimeError(f"the service stopped after counting {n} of {records} records")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the service counted {n} of {records} records in {timeout_s:.0f}s")
+        if marks and n >= marks[0]:
+            while marks and n >= marks[0]:
+                marks.pop(0)
+            snaps.append(await _memory(probe, prefix, cids, n))
+        await asyncio.sleep(poll_s)
 
 
 # --------------------------------------------------------------------------- the run
