@@ -372,6 +372,19 @@ def _absent(r: dict, field: str, expected: str) -> tuple[str, str]:
     return f"missing_field:{field}", f"{field}: required"
 
 
+def _check_text(r: dict, field: str, limit: int) -> tuple[str, str] | None:
+    """The reject of a required string field (``item_id``, ``request_id``) that is absent, not
+    a string, or not 1-`limit` characters (``bad_<field>``), else None."""
+    value = r.get(field)
+    if value is None:
+        return _absent(r, field, "a string")
+    if type(value) is not str:
+        return f"wrong_type:{field}", f"{field}: expected a string, got {_jtype(value)}"
+    if not 0 < len(value) <= limit:
+        return f"bad_{field}", f"{field}: {len(value)} characters, must be 1-{limit}"
+    return None
+
+
 def _check_classifier_id(r: dict) -> tuple[str, str] | None:
     cid = r.get("classifier_id")
     if cid is None:
@@ -411,13 +424,10 @@ def _score_row(r: Any, ts: int, threshold: Callable[[str], float], window: tuple
     if bad:
         return bad
     cid = r["classifier_id"]
-    item = r.get("item_id")
-    if item is None:
-        return _absent(r, "item_id", "a string")
-    if type(item) is not str:
-        return "wrong_type:item_id", f"item_id: expected a string, got {_jtype(item)}"
-    if not 0 < len(item) <= MAX_ITEM_ID_CHARS:
-        return "bad_item_id", f"item_id: {len(item)} characters, must be 1-{MAX_ITEM_ID_CHARS}"
+    bad = _check_text(r, "item_id", MAX_ITEM_ID_CHARS)
+    if bad:
+        return bad
+    item = r["item_id"]
     s = r.get("score")
     if s is None:
         return _absent(r, "score", "a number")
@@ -643,13 +653,10 @@ def _label_row(r: Any, ts: int) -> tuple | tuple[str, str]:
     ``(request_id, label, labeler_id, labeled_at_ms)``."""
     if type(r) is not dict:
         return "not_object", f"the value is a JSON {_jtype(r)}, not an object"
-    rid = r.get("request_id")
-    if rid is None:
-        return _absent(r, "request_id", "a string")
-    if type(rid) is not str:
-        return "wrong_type:request_id", f"request_id: expected a string, got {_jtype(rid)}"
-    if not 0 < len(rid) <= MAX_REQUEST_ID_CHARS:
-        return "bad_request_id", f"request_id: {len(rid)} characters, must be 1-{MAX_REQUEST_ID_CHARS}"
+    bad = _check_text(r, "request_id", MAX_REQUEST_ID_CHARS)
+    if bad:
+        return bad
+    rid = r["request_id"]
     label = r.get("label", _MISSING)
     if label is _MISSING:
         return "missing_field:label", "label: required (true, false, or null for skipped)"
