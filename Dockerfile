@@ -7,7 +7,7 @@
 # Stage 1 builds a virtualenv with the project and its runtime dependencies
 # (wheels only, no compilers needed); stage 2 copies just that venv onto a
 # clean slim base.  Settings come from STRATAMETER_* variables (see
-# service/config.py); secrets are best passed as files (*_FILE variables).
+# service/config/); secrets are best passed as files (*_FILE variables).
 # The filesystem can be mounted read-only: the code is byte-compiled at build
 # time and the service writes nothing to disk.
 #
