@@ -22,6 +22,11 @@ import orjson
 from ..stats.sketch import bin_index
 from ..stats.strata import assign
 
+#: A reservoir keeps its RESERVOIR_SIZE lowest priorities and, beyond them, every member at
+#: or below its stratum's inclusion threshold (the threshold sample, `stats.streams`), up to
+#: this many times RESERVOIR_SIZE members (INGEST, which reads it from the payload).
+SAMPLE_CAP = 4
+
 
 @dataclass
 class ClassifierRecords:
@@ -124,9 +129,10 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
     `cuts`, `version` and `provisional` (`state.store.ChunkCuts`).  A provisional chunk's
     entry also carries `cap` (the items at which it must be re-stratified first), its
     item count `n` and its exact scores `ps`.
-    `cutoffs_for(chunk)`, if given, returns None or per stratum the largest priority
-    a full reservoir keeps (inf where unknown): candidates above it could never enter
-    the bottom-k, so they are not sent (once the reservoirs are full, almost none are).
+    `cutoffs_for(chunk)`, if given, returns None or per stratum the cutoff of a full
+    reservoir (INGEST: the larger of its largest priority and the stratum's threshold;
+    inf where unknown): candidates above it could never enter, so they are not sent
+    (once the reservoirs are full, almost none are).
     """
     chunks = chunk_of(recs.event_ms, chunk_seconds)
     priority = rng.random(recs.size)
@@ -146,8 +152,12 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
                 in_k = in_k[priority[in_k] <= cut[k]]
                 if not in_k.size:
                     continue
-            if in_k.size > reservoir_size:
-                in_k = in_k[np.argpartition(priority[in_k], reservoir_size - 1)[:reservoir_size]]
+            # at most the bottom-k; with a known cutoff (a full reservoir), every candidate under it:
+            # those above the reservoir's largest priority are under the stratum's threshold (INGEST)
+            known = cut is not None and k < cut.size and np.isfinite(cut[k])
+            limit = SAMPLE_CAP * reservoir_size if known else reservoir_size
+            if in_k.size > limit:
+                in_k = in_k[np.argpartition(priority[in_k], limit - 1)[:limit]]
             res.append([int(k), _candidates(recs, in_k, priority)])
         lo, hi = float(s.min()), float(s.max())
         entry = {
@@ -163,4 +173,5 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
         "last_event": int(recs.event_ms.max()) if recs.size else -1,
         "chunks": out_chunks,
         "res_size": int(reservoir_size),
+        "sample_cap": SAMPLE_CAP,
     }

@@ -4,9 +4,14 @@
 -- ARGV: partition, expected stored offset, new offset, payload JSON (ingest.aggregate.build_payload).
 -- Offset guard (compare-and-set): nothing is applied unless the partition's stored offset is the
 -- expected one; then the state changes and the offset advances in this one call.
+-- A reservoir keeps its `res_size` lowest priorities and, beyond them, every member at or
+-- below its stratum's threshold (`tau` in c:<t>:meta, stored by ISSUE), up to `sample_cap` x
+-- res_size members (ingest.aggregate.SAMPLE_CAP).
 -- Returns {applied (1/0), stored offset, then for every reservoir this call touched that is
--- full: chunk, stratum, the largest priority kept (a string, exact)}.  A full reservoir's
--- largest priority only ever decreases, so the ingestor may drop later candidates above it.
+-- full: chunk, stratum, the cutoff (a string, exact): the larger of the largest priority kept
+-- and the threshold}.  A candidate above it can never enter, and the cutoff only ever
+-- decreases (the loop never raises a full reservoir's threshold past its largest priority),
+-- so the ingestor may drop later candidates above it.
 -- Cuts guard (like the offset guard, nothing is applied when it refuses): every chunk of the
 -- payload carries the cuts version `v` it was aggregated with; a provisional chunk's also
 -- `cap`, `n` (its predicted positives in the payload) and `ps` (score -> count).  Refused:
@@ -16,6 +21,7 @@ local okey, meta, chunks = KEYS[1], KEYS[2], KEYS[3]
 local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
 if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
 local p = cjson.decode(ARGV[4])
+local SAMPLE_CAP = p.sample_cap or 1
 local base, at = {}, 4  -- base[i]: the index in KEYS of chunk i's meta
 for i, c in ipairs(p.chunks) do
   base[i] = at
@@ -64,18 +70,31 @@ for i, c in ipairs(p.chunks) do
     if c.lo < lo then redis.call('HSET', cmeta, 'min', c.lo_s) end
     if c.hi > hi then redis.call('HSET', cmeta, 'max', c.hi_s) end
   end
+  local tau = redis.call('HGET', cmeta, 'tau')  -- the strata's inclusion thresholds (ISSUE), if any
+  tau = tau and cjson.decode(tau) or {}
   for j, r in ipairs(c.res) do
     local rk = KEYS[b + 3 + j]
     local args = r[2]
     for a = 1, #args, 400 do
       redis.call('ZADD', rk, unpack(args, a, math.min(a + 399, #args)))
     end
-    redis.call('ZREMRANGEBYRANK', rk, p.res_size, -1)
+    -- bottom-k, plus every member at or below the stratum's threshold (the sample: a threshold
+    -- set before the reservoir filled must keep admitting what arrives under it), at most
+    -- SAMPLE_CAP x res_size
+    local th = tonumber(tau[r[1] + 1] or 0)
+    local keep = p.res_size
+    if th > 0 then
+      local under = redis.call('ZCOUNT', rk, '-inf', string.format('%.17g', th))
+      keep = math.min(math.max(keep, under), SAMPLE_CAP * p.res_size)
+    end
+    redis.call('ZREMRANGEBYRANK', rk, keep, -1)
     if redis.call('ZCARD', rk) >= p.res_size then
       local last = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
+      local cutoff = last[2]
+      if th > tonumber(cutoff) and keep < SAMPLE_CAP * p.res_size then cutoff = string.format('%.17g', th) end
       out[#out + 1] = c.t
       out[#out + 1] = r[1]
-      out[#out + 1] = last[2]
+      out[#out + 1] = cutoff
     end
   end
 end
