@@ -33,7 +33,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import repeat
+from functools import partial
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, NamedTuple
@@ -125,96 +125,52 @@ class _LabelWireExtra(_LabelWire, forbid_unknown_fields=False):
 # msgspec skips an unknown field without reading it (invalid UTF-8 or a number out of the
 # double range there would pass), and the contract rejects such a value as ``invalid_json``.
 class _Codec(NamedTuple):
-    strict: msgspec.json.Decoder
-    extra: msgspec.json.Decoder
+    strict: Callable[[Any], Any]  # the strict struct's decode
+    extra: Callable[[Any], Any]  # the lenient struct's decode
 
 
-#: what `_decoded` gives for a value that does not decode
-_NO_SCORE = _ScoreWire(classifier_id="", item_id="", score=0.0)
-_NO_LABEL = _LabelWire(request_id="", label=None)
-_SCORE_CODEC = _Codec(msgspec.json.Decoder(_ScoreWire), msgspec.json.Decoder(_ScoreWireExtra))
-_LABEL_CODEC = _Codec(msgspec.json.Decoder(_LabelWire), msgspec.json.Decoder(_LabelWireExtra))
+_SCORE_CODEC = _Codec(msgspec.json.Decoder(_ScoreWire).decode, msgspec.json.Decoder(_ScoreWireExtra).decode)
+_LABEL_CODEC = _Codec(msgspec.json.Decoder(_LabelWire).decode, msgspec.json.Decoder(_LabelWireExtra).decode)
 
 
-def _decode_batch(values: Sequence[Any], max_bytes: int, codec: _Codec) -> list | None:
-    """Every value of the batch decoded by the strict struct in one msgspec call, or None
-    when any value needs `_decode_each` (a tombstone, a size outside 2..`max_bytes`, a value
-    not starting with ``{`` or not ending with ``}``, any decoding error).
-
-    The values are joined with newlines and read by ``decode_lines``, which reads a
-    sequence of JSON values.  This reads each value alone, exactly as ``decode(value)``
-    would: at every seam the text is ``}`` newline ``{``, which no JSON value can span
-    (inside a string a raw newline is invalid, inside an array or object ``}`` must be
-    followed by ``,`` or a closing bracket), so each value is one or more whole values, and
-    n values read as n objects are one object each."""
-    n = len(values)
+def _decode_again(value: Any, exc: Exception, codec: _Codec, decode: Callable[[Any], Any]
+                  ) -> tuple[Any, Callable[[Any], Any]]:
+    """After `decode` (a parser's current decode function) raised `exc` on `value`: the
+    struct, or None, and the decode function for the next values.  A value the strict
+    struct refused with a field of the producer's own is decoded by the lenient struct once
+    orjson accepted the whole value, and the next values are read that way first (they likely
+    have such fields too).  Called only when decoding failed: the parsers' loops decode
+    inline, so the fallback costs nothing on a batch of plain records."""
+    if decode is not codec.strict or not isinstance(exc, msgspec.ValidationError):
+        return None, decode
     try:
-        joined = b"\n".join(values)
-    except TypeError:  # a tombstone (None)
-        return None
-    lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
-    if not n or lengths.min() < 2 or lengths.max() > max_bytes:
-        return None
-    ends = np.cumsum(lengths + 1) - 2
-    text = np.frombuffer(joined, dtype=np.uint8)
-    if not ((text[ends] == 0x7D).all() and (text[ends - lengths + 1] == 0x7B).all()):
-        return None
-    try:
-        structs = codec.strict.decode_lines(joined)
-    except Exception:  # a field of the producer's own, an invalid record: each by itself then
-        return None
-    return structs if len(structs) == n else None
+        return _lenient(value, codec), partial(_lenient, codec=codec)
+    except Exception:  # not JSON to orjson, or invalid by the lenient struct as well
+        return None, decode
+
+
+def _lenient(value: Any, codec: _Codec) -> Any:
+    """`value` by the lenient struct, once ``orjson.loads`` accepted it whole (raises if not)."""
+    orjson.loads(value)
+    return codec.extra(value)
 
 
 def _decode_each(values: Sequence[Any], max_bytes: int, codec: _Codec, bad: list[int]) -> Iterator[tuple[int, Any]]:
-    """(position, struct) of each value the strict struct (or, for a record with fields of
-    the producer's own, the lenient one once orjson accepted the whole value) decodes; the
-    positions of the others are appended to `bad`."""
-    decode, decode_extra, loads = codec.strict.decode, codec.extra.decode, orjson.loads
-    extra = False  # a record had fields of the producer's own
+    """(position, struct) of each value that decodes (`_decode_again` after a failure); the
+    positions of the others (a tombstone, an empty value or one over `max_bytes` too) go to `bad`."""
+    decode = codec.strict
     for i, v in enumerate(values):
-        if not v or len(v) > max_bytes:
-            bad.append(i)
-            continue
-        try:
-            if extra:  # as exact as `decode` for a record without such fields, only slower
-                loads(v)
-                r = decode_extra(v)
-            else:
-                r = decode(v)
-        except msgspec.ValidationError:  # a field of the producer's own, or an invalid one
+        r = None
+        if v and len(v) <= max_bytes:
             try:
-                loads(v)
-                r = decode_extra(v)
-                extra = True  # the next records likely have such fields too: read them so first
-            except Exception:
-                bad.append(i)
-                continue
-        except Exception:  # not JSON, not an object, ...
+                r = decode(v)
+            except Exception as exc:
+                r, decode = _decode_again(v, exc, codec, decode)
+        if r is None:
             bad.append(i)
-            continue
-        yield i, r
+        else:
+            yield i, r
 
-
-#: Values per msgspec call: a chunk's structs are still in the CPU cache while their fields
-#: are read (a whole poll's, decoded at once, were not: parsing took twice as long in the service).
-_CHUNK = 128
-
-
-def _decoded(values: Sequence[Any], max_bytes: int, codec: _Codec, bad: list[int], none: Any
-             ) -> Iterator[tuple[int, list]]:
-    """``(start, structs)`` per chunk of `values`: ``structs[j]`` is ``values[start + j]``
-    decoded (`_decode_batch`, else `_decode_each`), or `none` where it does not decode (its
-    position is appended to `bad`)."""
-    for start in range(0, len(values), _CHUNK):
-        part = values[start:start + _CHUNK]
-        structs = _decode_batch(part, max_bytes, codec)
-        if structs is None:
-            structs, failed = [none] * len(part), []
-            for j, r in _decode_each(part, max_bytes, codec, failed):
-                structs[j] = r
-            bad.extend(start + j for j in failed)
-        yield start, structs
 
 
 class Reject(NamedTuple):
@@ -503,7 +459,7 @@ def parse_scores(
     others as `Reject` records (in input order); together they cover every input
     position exactly once.
 
-    The fast path (`_score_columns`) accepts exactly the valid records (the rules of
+    The fast path (`_score_rows`) accepts exactly the valid records (the rules of
     `_score_row`); what it sets aside is diagnosed by the reference rules (`_settle`).
     """
     n = len(values)
@@ -520,7 +476,8 @@ def parse_scores(
         return thr
 
     bad: list[int] = []
-    columns = _score_columns(values, max_bytes, timestamps_ms, threshold, window, bad)
+    flat = _score_rows(values, timestamps_ms, max_bytes, thresholds.get, threshold, window, bad)
+    columns = [flat[k::6] for k in range(6)]
     index, rejects, late = _settle(n, bad, values, max_bytes,
                                    lambda r, i: _score_row(r, timestamps_ms[i], threshold, window))
     if late:
@@ -532,76 +489,66 @@ def parse_scores(
     return batch, rejects
 
 
-def _score_columns(values: Sequence[Any], max_bytes: int, timestamps_ms: Sequence[int],
-                   threshold: Callable[[str], float], window: tuple[int, int], bad: list[int]) -> list:
-    """The fast path: each chunk of values decoded in one pass (`_decoded`: JSON types, string
-    lengths, a finite score), then the rules a struct cannot say (the classifier id, the
-    event time, the context's compact size, the window) a column at a time.  Returns the
-    accepted records' six columns; `bad` becomes the positions set aside, in order."""
-    cids: list[str] = []
-    items: list[str] = []
-    scores: list[float] = []
-    given: list[bool | None] = []
-    times: list[Any] = []
-    contexts: list[str] = []
-    dumps = orjson.dumps
-    for start, structs in _decoded(values, max_bytes, _SCORE_CODEC, bad, _NO_SCORE):
-        cids += [r.classifier_id for r in structs]
-        items += [r.item_id for r in structs]
-        scores += [r.score for r in structs]
-        given += [r.predicted_positive for r in structs]
-        times += [r.event_time for r in structs]
-        try:
-            contexts += [dumps(r.context).decode() for r in structs]  # see `ScoreBatch.context`
-        except orjson.JSONEncodeError:  # nested too deeply, an integer beyond 64 bits
-            for j, r in enumerate(structs):
-                try:
-                    contexts.append(dumps(r.context).decode())
-                except orjson.JSONEncodeError:
-                    contexts.append("null")
-                    bad.append(start + j)
-    n = len(cids)
-    ok = np.ones(n, dtype=np.bool_)
-    ok[bad] = False
-    ids = dict.fromkeys(cids)
-    valid = {cid: threshold(cid) for cid in ids if is_classifier_id(cid)}
-    score = np.array(scores, dtype=np.float64)
-    if len(valid) == len(ids) and len(set(valid.values())) == 1:  # the usual batch: one threshold
-        thr: Any = valid[cids[0]]
-    else:
-        thr = np.fromiter(map(valid.get, cids, repeat(0.0)), dtype=np.float64, count=n)
-        if len(valid) < len(ids):
-            ok &= np.fromiter(map(valid.__contains__, cids), dtype=np.bool_, count=n)
-    positive = score >= thr
-    if given.count(None) != n:
-        positive = np.array([p if g is None else g for g, p in zip(given, positive.tolist())], dtype=np.bool_)
-    event_ms = _event_times(times, timestamps_ms, ok)
-    ok &= (event_ms >= window[0]) & (event_ms <= window[1])
-    if "null" in contexts:  # absent (a context is an object)
-        contexts = [None if c == "null" else c for c in contexts]
-    if n - contexts.count(None) and max(map(len, filter(None, contexts))) > MAX_CONTEXT_BYTES // 4:
-        ok &= np.array([c is None or len(c.encode()) <= MAX_CONTEXT_BYTES for c in contexts], dtype=np.bool_)
-    bad[:] = np.flatnonzero(~ok).tolist()
-    if not bad:
-        return [cids, items, score, positive, event_ms, contexts]
-    keep = np.flatnonzero(ok).tolist()
-    return [[cids[i] for i in keep], [items[i] for i in keep], score[ok], positive[ok], event_ms[ok],
-            [contexts[i] for i in keep]]
-
-
-def _event_times(times: list, timestamps_ms: Sequence[int], ok: np.ndarray) -> np.ndarray:
-    """The event times in epoch ms: `times` (the records' ``event_time`` fields) read by
-    `event_time_to_ms`, the record timestamp where absent; ``ok`` cleared where unreadable."""
+def _score_rows(values: Sequence[Any], timestamps_ms: Sequence[int], max_bytes: int,
+                known: Callable[[str], float | None], threshold: Callable[[str], float], window: tuple[int, int],
+                bad: list[int]) -> list:
+    """The fast path: each value decoded and type-checked in one pass by msgspec (`_ScoreWire`),
+    then the rules a struct cannot say (classifier id, event time, context size, window).
+    Accepted rows go flat into one list of untracked objects, six a record (no per-record
+    containers for the garbage collector); the others' positions go to `bad` (`_settle`).
+    `known(cid)`: the threshold of an id found valid in this batch, else None."""
+    flat: list[Any] = []
+    ext = flat.extend
+    note = bad.append
+    decode, dumps, codec = _SCORE_CODEC.strict, orjson.dumps, _SCORE_CODEC
     lo, hi = EPOCH_MS_FROM, MAX_EPOCH_MS  # an int event_time in here is epoch ms as it is
-    if times and set(map(type, times)) == {int} and lo <= min(times) and max(times) <= hi:
-        return np.array(times, dtype=np.int64)  # every one given, in epoch ms (the usual batch)
+    wlo, whi = window
     to_ms = event_time_to_ms
-    times = [ts if e is None else e if type(e) is int and lo <= e <= hi else to_ms(e)
-             for e, ts in zip(times, timestamps_ms)]
-    if None in times:  # not an event time
-        ok &= np.array([t is not None for t in times], dtype=np.bool_)
-        times = [0 if t is None else t for t in times]
-    return np.array(times, dtype=np.int64)
+    for i, v, ts in zip(range(len(values)), values, timestamps_ms):
+        if not v or len(v) > max_bytes:
+            note(i)
+            continue
+        try:
+            r = decode(v)
+        except Exception as exc:  # a field of the producer's own, not JSON, invalid, ...
+            r, decode = _decode_again(v, exc, codec, decode)
+            if r is None:
+                note(i)
+                continue
+        cid = r.classifier_id
+        thr = known(cid)
+        if thr is None:
+            if not is_classifier_id(cid):
+                note(i)
+                continue
+            thr = threshold(cid)
+        et = r.event_time
+        if et is None:
+            et = ts
+        elif type(et) is not int or not lo <= et <= hi:
+            et = to_ms(et)
+            if et is None:
+                note(i)
+                continue
+        if not wlo <= et <= whi:
+            note(i)
+            continue
+        ctx = r.context
+        if ctx is not None:
+            try:
+                ctx = dumps(ctx)
+            except orjson.JSONEncodeError:  # nested too deeply, an integer beyond 64 bits
+                note(i)
+                continue
+            if len(ctx) > MAX_CONTEXT_BYTES:
+                note(i)
+                continue
+            ctx = ctx.decode()  # see `ScoreBatch.context`
+        s = r.score
+        pp = r.predicted_positive
+        ext((cid, r.item_id, s, s >= thr if pp is None else pp, et, ctx))
+    return flat
+
 
 
 def _diagnose(value: Any, max_bytes: int, check: Callable[[Any], tuple]) -> tuple:
@@ -693,20 +640,16 @@ def parse_labels(
     ext = flat.extend
     bad: list[int] = []
     lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
-    for start, structs in _decoded(values, max_bytes, _LABEL_CODEC, bad, _NO_LABEL):
-        for i, r in enumerate(structs, start):
-            at = r.labeled_at
-            if r is _NO_LABEL:
-                continue
+    for i, r in _decode_each(values, max_bytes, _LABEL_CODEC, bad):
+        at = r.labeled_at
+        if at is None:
+            at = timestamps_ms[i]
+        elif type(at) is not int or not lo <= at <= hi:
+            at = time_to_ms(at)
             if at is None:
-                at = timestamps_ms[i]
-            elif type(at) is not int or not lo <= at <= hi:
-                at = time_to_ms(at)
-                if at is None:
-                    bad.append(i)
-                    continue
-            ext((r.request_id, r.label, r.labeler_id, at))
-    bad.sort()  # the chunks' and this loop's, in input order
+                bad.append(i)
+                continue
+        ext((r.request_id, r.label, r.labeler_id, at))
     index, rejects, late = _settle(n, bad, values, max_bytes, lambda r, i: _label_row(r, timestamps_ms[i]))
     columns = [flat[k::4] for k in range(4)]
     if late:
