@@ -335,9 +335,9 @@ def test_empty_batches():
     [enc(), b'{"classifier_id":"a","item_id":"\xff","score":0.5}', enc()],
     [enc()] * 300 + [enc(classifier_id="a b")] + [enc()] * 300,  # more than one chunk
 ])
-def test_a_batch_decoded_in_one_pass_reads_each_value_alone(values):
-    """The fast path decodes a chunk of values joined by newlines in one msgspec call: a
-    value that is not exactly one object must not pair up with its neighbour."""
+def test_a_batch_reads_each_value_alone(values):
+    """A value that is not exactly one object never pairs up with its neighbour, in or
+    across the batch (as it could if values were ever decoded joined)."""
     batch, rejects = parse_scores(values, [TS] * len(values), 0.5)
     _check_partition(len(values), batch, rejects)
     by_index = {r.index: r for r in rejects}
