@@ -504,7 +504,7 @@ def _score_rows(values: Sequence[Any], timestamps_ms: Sequence[int], max_bytes: 
     lo, hi = EPOCH_MS_FROM, MAX_EPOCH_MS  # an int event_time in here is epoch ms as it is
     wlo, whi = window
     to_ms = event_time_to_ms
-    for i, v, ts in zip(range(len(values)), values, timestamps_ms):
+    for i, v in enumerate(values):
         if not v or len(v) > max_bytes:
             note(i)
             continue
@@ -524,7 +524,7 @@ def _score_rows(values: Sequence[Any], timestamps_ms: Sequence[int], max_bytes: 
             thr = threshold(cid)
         et = r.event_time
         if et is None:
-            et = ts
+            et = timestamps_ms[i]
         elif type(et) is not int or not lo <= et <= hi:
             et = to_ms(et)
             if et is None:

@@ -27,25 +27,6 @@ from .deadletters import DeadLetters
 _LABEL_REJECT_REASONS = frozenset(LABEL_OUTCOME_REJECTS.values())
 
 
-class _Timestamps:
-    """The records' Kafka timestamps as a sequence, read only where asked for (a score's
-    default event time, a label's default ``labeled_at``): not a list built per batch."""
-
-    __slots__ = ("records",)
-
-    def __init__(self, records) -> None:
-        self.records = records
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, i: int) -> int:
-        return self.records[i].timestamp
-
-    def __iter__(self):
-        return (r.timestamp for r in self.records)
-
-
 def _offsets(records) -> np.ndarray:
     """Every record's offset.  A partition's offsets only increase, so a batch whose last is
     its first plus its length minus one holds consecutive offsets (the usual case)."""
@@ -128,7 +109,7 @@ class BatchHandler:
         dead-lettered (``event_time_in_future`` / ``event_time_too_late``) and creates no chunk.
         None if Redis failed meanwhile (the batch is then staged again, `retry`, and re-raises)."""
         values = [r.value for r in records]
-        stamps = _Timestamps(records)
+        stamps = [r.timestamp for r in records]
         offsets = _offsets(records)
         if tp.topic != self.settings.topic_scores:
             batch, rejects = parse_labels(values, stamps)
