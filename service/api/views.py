@@ -106,7 +106,8 @@ async def classifier_view(store: Store, cid: str, cfg) -> dict | None:
     doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "labels", "population", "chunk",
                                      "strata", "rounds", "status", "closed")})
     issued = await store.issued_this_hour(cid, int(now_s * 1000))
-    doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, now_s % 3600))
-                                        - issued)
+    # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
+    doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,
+                                                                        int(now_s) % 3600)) - issued)
     doc["history"] = [c for c in chunks if c is not reported]
     return doc
