@@ -33,29 +33,34 @@ class Store:
         self.keys = Keys(prefix)
         self._scripts = {name: redis.register_script(scripts.source(name)) for name in scripts.NAMES}
 
-    def _evalsha(self, pipe, name: str, keys: list, args: list) -> None:
-        """Queue script `name` on `pipe` as a bare EVALSHA.  (A script called with
-        ``client=pipe`` makes redis-py send SCRIPT EXISTS, one more round trip, before every
-        execution of the pipeline; `_execute` loads the scripts only when Redis says NOSCRIPT.)"""
-        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+    async def _pipelined(self, name: str, calls: list[tuple[list, list]], then=None) -> list:
+        """Script `name` per (keys, args) in one pipeline, as bare EVALSHA (with ``client=pipe``
+        redis-py sends SCRIPT EXISTS first, one more round trip); `then(pipe)` adds commands.  On
+        NOSCRIPT the scripts are loaded and it is sent again (what NOSCRIPT refused ran nothing)."""
+        for retry in (False, True):
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+            if then is not None:
+                then(pipe)
+            try:
+                return await pipe.execute()
+            except NoScriptError:
+                if retry:
+                    raise
+                for script in self._scripts.values():
+                    script.sha = await self.redis.script_load(script.script)
 
-    async def _execute(self, build) -> list:
-        """Execute the pipeline `build()` returns; on NOSCRIPT (a restarted or flushed Redis)
-        load every script and execute a fresh one once more.  Re-sending is safe: each script
-        is idempotent (offset-guarded), and an EVALSHA answered NOSCRIPT ran nothing."""
-        try:
-            return await build().execute()
-        except NoScriptError:
-            for script in self._scripts.values():
-                script.sha = await self.redis.script_load(script.script)
-            return await build().execute()
+    async def _hgets(self, keys: list[str], field: str) -> list:
+        """HGET `field` of each of `keys`, in one pipeline."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hget(key, field)
+        return await pipe.execute()
 
     # ---- ingest -------------------------------------------------------------------------
     async def scores_offsets(self, cids: list[str], partition: int) -> dict[str, int]:
-        pipe = self.redis.pipeline(transaction=False)
-        for cid in cids:
-            pipe.hget(self.keys.scores_offsets(cid), str(partition))
-        vals = await pipe.execute()
+        vals = await self._hgets([self.keys.scores_offsets(cid) for cid in cids], str(partition))
         return {cid: int(v) if v is not None else -1 for cid, v in zip(cids, vals)}
 
     async def chunk_strata(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], ChunkCuts | None]:
@@ -104,37 +109,21 @@ class Store:
 
     async def apply_ingest(self, calls: list[tuple]
                            ) -> list[tuple[bool, int, list[tuple[int, int, float]], list[tuple[int, int]]]]:
-        """Run INGEST for (cid, partition, expected_offset, new_offset, payload[, chunks]) in one pipeline.
-
-        INGEST's KEYS name every chunk of the payload and the reservoirs it adds to: `chunks`,
-        [(chunk, [stratum, ...]), ...] in the payload's order (`keys.ingest_chunks`), or read from
-        the payload when the call does not carry them.
-
-        Returns (applied, stored_offset, cutoffs, refused) per call; not applied means another
-        writer moved the offset or, if `refused` lists (chunk, reason), the cuts guard refused
-        (reason 1: the payload's cuts are stale; 2: the provisional chunk must be
-        re-stratified first): the caller re-aggregates from `stored_offset`.
-        `cutoffs`: (chunk, stratum, largest priority kept) of the full reservoirs the
-        call touched (a candidate above it can never enter that reservoir).
-        """
+        """INGEST for (cid, partition, expected_offset, new_offset, payload[, chunks]) in one pipeline;
+        `chunks` (`keys.ingest_chunks`, else read from the payload) name the KEYS.  Returns
+        (applied, stored_offset, cutoffs, refused) per call: not applied, another writer moved the
+        offset or, if `refused` lists (chunk, reason), the cuts guard refused (1: stale cuts; 2:
+        re-stratify the provisional chunk first); the caller re-aggregates from `stored_offset`.
+        `cutoffs`: (chunk, stratum, largest priority kept) of the full reservoirs touched."""
         if not calls:
             return []
-        ingests = []
-        for cid, part, expected, new, payload, *hint in calls:
-            chunks = hint[0] if hint else ingest_chunks(orjson.loads(payload))
-            ingests.append((self.keys.ingest_keys(cid, chunks), [part, expected, new, payload]))
-
-        def build():
-            pipe = self.redis.pipeline(transaction=False)
-            for keys, args in ingests:
-                self._evalsha(pipe, "INGEST", keys, args)
-            pipe.sadd(self.keys.classifiers, *dict.fromkeys(cid for cid, *_ in calls))
-            return pipe
-
-        res = (await self._execute(build))[: len(calls)]
+        ingests = [(self.keys.ingest_keys(cid, hint[0] if hint else ingest_chunks(orjson.loads(payload))),
+                    [part, expected, new, payload]) for cid, part, expected, new, payload, *hint in calls]
+        res = await self._pipelined("INGEST", ingests, lambda p: p.sadd(self.keys.classifiers, *{c[0] for c in calls}))
         return [(True, int(r[1]), [(int(r[i]), int(r[i + 1]), float(r[i + 2])) for i in range(2, len(r) - 2, 3)], [])
                 if int(r[0]) == 1 else
-                (False, int(r[1]), [], [(int(r[i]), int(r[i + 1])) for i in range(2, len(r) - 1, 2)]) for r in res]
+                (False, int(r[1]), [], [(int(r[i]), int(r[i + 1])) for i in range(2, len(r) - 1, 2)])
+                for r in res[: len(calls)]]
 
     # ---- service-wide counts (GLOBAL_COUNT, offset-guarded per scope and partition) -----
     async def count_invalid(self, topic: str, partition: int, expected: int, new: int,
@@ -161,9 +150,7 @@ class Store:
 
     async def _count_global(self, scope: str, counts_key: str, partition: int, expected: int, new: int,
                             counts: dict[str, int]) -> tuple[bool, int]:
-        args: list = [partition, expected, new]
-        for name, c in counts.items():
-            args += [name, c]
+        args = [partition, expected, new, *(x for pair in counts.items() for x in pair)]
         r = await self._scripts["GLOBAL_COUNT"](keys=[self.keys.global_offsets(scope), counts_key], args=args)
         return int(r[0]) == 1, int(r[1])
 
@@ -181,28 +168,16 @@ class Store:
         out: list[list] = [[] for _ in calls]
         todo = list(range(len(calls)))
         while todo:
-            pipe = self.redis.pipeline(transaction=False)
-            for i in todo:
-                cid, _, _, rid, *_ = calls[i]
-                pipe.hget(self.keys.request(cid, rid), "chunk")
-            chunks = await pipe.execute()
-            labels = []
-            previous: dict[tuple[str, int], int] = {}
+            chunks = await self._hgets([self.keys.request(calls[i][0], calls[i][3]) for i in todo], "chunk")
+            labels, previous = [], {}
             for i, chunk in zip(todo, chunks):
                 cid, part, off, rid, label, now_ms, labeler = calls[i]
                 t = _text(chunk) or ""
                 labels.append((self.keys.label_keys(cid, rid, t),
                                [part, off, rid, label, now_ms, labeler, t, previous.get((cid, part), "")]))
                 previous[(cid, part)] = off
-
-            def build():
-                pipe = self.redis.pipeline(transaction=False)
-                for keys, args in labels:
-                    self._evalsha(pipe, "LABEL", keys, args)
-                return pipe
-
             retry = []
-            for i, r in zip(todo, await self._execute(build)):
+            for i, r in zip(todo, await self._pipelined("LABEL", labels)):
                 r = [_text(x) for x in r]
                 if r[0] == "retry":
                     retry.append(i)
@@ -245,10 +220,7 @@ class Store:
         k = self.keys
         while True:
             due = [_text(r) for r in await self.redis.zrangebyscore(k.pending(cid), "-inf", now_ms)]
-            pipe = self.redis.pipeline(transaction=False)
-            for rid in due:
-                pipe.hget(k.request(cid, rid), "chunk")
-            chunks = [_text(c) or "" for c in await pipe.execute()] if due else []
+            chunks = [_text(c) or "" for c in await self._hgets([k.request(cid, rid) for rid in due], "chunk")]
             keys = [k.pending(cid), k.counters(cid)] + [k.request(cid, rid) for rid in due]
             replace: dict[str, int] = {}  # chunk -> index of its replace hash in KEYS (1-based)
             args: list = [now_ms]
@@ -309,11 +281,8 @@ class Store:
         rids = [r.decode() for r in await self.redis.zrange(self.keys.pending(cid), 0, -1)]
         if not rids:
             return {}
-        pipe = self.redis.pipeline(transaction=False)
-        for rid in rids:
-            pipe.hget(self.keys.request(cid, rid), "chunk")
         out: dict[int, int] = {}
-        for chunk in await pipe.execute():
+        for chunk in await self._hgets([self.keys.request(cid, rid) for rid in rids], "chunk"):
             if chunk is not None:
                 out[int(chunk)] = out.get(int(chunk), 0) + 1
         return out
