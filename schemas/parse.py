@@ -641,15 +641,12 @@ def parse_labels(
     bad: list[int] = []
     lo, hi = MIN_EPOCH_MS, MAX_EPOCH_MS
     for i, r in _decode_each(values, max_bytes, _LABEL_CODEC, bad):
-        at = r.labeled_at
-        if at is None:
-            at = timestamps_ms[i]
-        elif type(at) is not int or not lo <= at <= hi:
-            at = time_to_ms(at)
-            if at is None:
-                bad.append(i)
-                continue
-        ext((r.request_id, r.label, r.labeler_id, at))
+        at = r.labeled_at  # absent: the record timestamp; an int in range: epoch ms as it is
+        at = timestamps_ms[i] if at is None else at if type(at) is int and lo <= at <= hi else time_to_ms(at)
+        if at is None:  # not a wire time
+            bad.append(i)
+        else:
+            ext((r.request_id, r.label, r.labeler_id, at))
     index, rejects, late = _settle(n, bad, values, max_bytes, lambda r, i: _label_row(r, timestamps_ms[i]))
     columns = [flat[k::4] for k in range(4)]
     if late:
