@@ -3,7 +3,7 @@
 Inbound, a poll's worth of Kafka values at a time (the consumers' hot path):
 `parse_scores` and `parse_labels` turn the values into columns (numpy arrays and
 lists) plus a list of `Reject` records, applying the rules of the models in
-`schemas.messages` without building a model per record.  They never raise on
+`stratameter.schemas.messages` without building a model per record.  They never raise on
 record content; every input index ends up either in ``batch.index`` or in a reject.
 
 Each value is decoded and type-checked in one pass by msgspec into a `msgspec.Struct`
@@ -443,7 +443,7 @@ def parse_scores(
     max_bytes: int = MAX_RECORD_BYTES,
     window: tuple[int, int] | None = None,
 ) -> tuple[ScoreBatch, list[Reject]]:
-    """Parse a batch of ``stratameter.scores`` values (see `schemas.messages.ScoreRecord`).
+    """Parse a batch of ``stratameter.scores`` values (see `stratameter.schemas.messages.ScoreRecord`).
 
     `timestamps_ms` are the Kafka record timestamps (the default event time).
     `threshold_for` gives a classifier's decision threshold, used when a record
@@ -626,7 +626,7 @@ def parse_labels(
     timestamps_ms: Sequence[int],
     max_bytes: int = MAX_RECORD_BYTES,
 ) -> tuple[LabelBatch, list[Reject]]:
-    """Parse a batch of ``stratameter.labels`` values (see `schemas.messages.LabelRecord`).
+    """Parse a batch of ``stratameter.labels`` values (see `stratameter.schemas.messages.LabelRecord`).
 
     `timestamps_ms` (Kafka record timestamps) are the default ``labeled_at``.
     Whether a request_id is known, answered twice or expired is the service's
@@ -674,7 +674,7 @@ def label_request_bytes(
     expires_at: datetime | float,
     context: str | bytes | Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Serialize a `schemas.messages.LabelRequest` value (produce it with key = classifier_id).
+    """Serialize a `stratameter.schemas.messages.LabelRequest` value (produce it with key = classifier_id).
 
     `requested_at` / `expires_at`: aware `datetime` (naive = UTC) or epoch
     *seconds* as from `time.time()`; written as RFC 3339 UTC with milliseconds.
@@ -729,7 +729,7 @@ def dead_letter_record(
     detail: str,
     now: datetime | float,
 ) -> bytes:
-    """Serialize a `schemas.messages.DeadLetter` value; its size is bounded.
+    """Serialize a `stratameter.schemas.messages.DeadLetter` value; its size is bounded.
 
     The original value is base64-encoded up to its first
     `MAX_DEAD_LETTER_ORIGINAL_BYTES` bytes and the key up to
@@ -772,7 +772,7 @@ def score_record_bytes(
     event_time: str | int | float | None = None,
     context: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """Serialize a `schemas.messages.ScoreRecord` value (what a producer sends to
+    """Serialize a `stratameter.schemas.messages.ScoreRecord` value (what a producer sends to
     ``stratameter.scores``); optional fields that are None are left out.  Not checked:
     the service's parser is the judge of what it accepts."""
     doc: dict[str, Any] = {"classifier_id": classifier_id, "item_id": item_id, "score": score}
@@ -787,7 +787,7 @@ def score_record_bytes(
 
 def label_record_bytes(request_id: str, label: bool | None, labeler_id: str | None = None,
                        labeled_at: str | int | float | None = None) -> bytes:
-    """Serialize a `schemas.messages.LabelRecord` value (an answer to a label request);
+    """Serialize a `stratameter.schemas.messages.LabelRecord` value (an answer to a label request);
     ``label`` None means skipped and is sent as null; the optional fields are left out when None."""
     doc: dict[str, Any] = {"request_id": request_id, "label": label}
     if labeler_id is not None:

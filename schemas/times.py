@@ -1,6 +1,6 @@
 """Wire times: RFC 3339 date-times and epoch numbers read to epoch milliseconds, the event-time
 window the service accepts, and the one time format the service writes (`format_time`).
-Part of the wire contract (`schemas.messages` re-exports every name)."""
+Part of the wire contract (`stratameter.schemas.messages` re-exports every name)."""
 
 from __future__ import annotations
 

@@ -8,12 +8,12 @@ import sys
 
 # Subcommands live in their own packages; each module exposes add_parser(sub).
 SUBCOMMANDS = (
-    "service.app.command",
-    "service.simulate.command",
-    "service.bench.command",
-    "service.soak.command",
-    "service.demo.command",
-    "service.demo.backends",
+    "stratameter.app.command",
+    "stratameter.simulate.command",
+    "stratameter.bench.command",
+    "stratameter.soak.command",
+    "stratameter.demo.command",
+    "stratameter.demo.backends",
 )
 
 

@@ -1,7 +1,7 @@
 """Shared pytest fixtures: real Kafka-protocol broker and Redis for integration tests.
 
 * ``kafka_bootstrap`` (session): ``$STRATAMETER_TEST_KAFKA`` (bootstrap servers) if set,
-  else an embedded tansu broker (``service.embedded.EmbeddedKafka``), started lazily on
+  else an embedded tansu broker (``stratameter.embedded.EmbeddedKafka``), started lazily on
   first use and shared by the whole session.
 * ``redis_url`` (session): ``$STRATAMETER_TEST_REDIS_URL`` if set, else an embedded
   redis-server / valkey-server.
@@ -15,7 +15,7 @@
 * ``store`` (function): a ``Store`` on ``redis_url`` under a fresh key prefix
   (``store.redis`` is its client, closed after the test).
 
-Consumers in tests: ``service.embedded.group_consumer`` (or ``start_group_consumer``) sets
+Consumers in tests: ``stratameter.embedded.group_consumer`` (or ``start_group_consumer``) sets
 ``session_timeout_ms=6000, heartbeat_interval_ms=500`` and calls ``leave_group_on_stop``,
 which a consumer needs when another consumer of the same group starts later (see the
 tansu notes in ``service/embedded/broker.py``).
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from service.embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis
+from stratameter.embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis
 
 if TYPE_CHECKING:
-    from service.state.store import Store
+    from stratameter.state.store import Store
 
 
 def _external_or_embedded(variable: str, embedded: Callable[[], EmbeddedKafka | EmbeddedRedis],
@@ -85,7 +85,7 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
 async def store(redis_url: str, unique_name: Callable[[str], str]) -> AsyncIterator[Store]:
     from redis.asyncio import Redis
 
-    from service.state.store import Store
+    from stratameter.state.store import Store
 
     redis = Redis.from_url(redis_url)
     try:

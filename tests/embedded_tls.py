@@ -1,6 +1,6 @@
 """Test peers for the security settings: a throw-away CA, and a TLS/SASL front for tansu.
 
-Nothing here depends on pytest (like :mod:`service.embedded`).
+Nothing here depends on pytest (like :mod:`stratameter.embedded`).
 
 * :func:`make_tls_files` writes a CA, a server certificate for ``127.0.0.1``/``localhost``
   and a client certificate, all signed by that CA, using the ``openssl`` command line tool.
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from service.embedded import LOCALHOST, BackendError, EmbeddedKafka, EmbeddedRedis, find_free_port, kafka_metadata
+from stratameter.embedded import LOCALHOST, BackendError, EmbeddedKafka, EmbeddedRedis, find_free_port, kafka_metadata
 
 __all__ = ["EmbeddedKafkaBehind", "EmbeddedSecureRedis", "KafkaSecurityProxy", "TlsFiles", "make_tls_files", "openssl_binary",
            "server_ssl_context"]

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from service.api.client import http_get, http_json  # noqa: F401 - the tests' HTTP client
-from service.config import load_settings
-from service.embedded import answer_label_requests, create_topics, find_free_port, group_consumer, start_group_consumer
+from stratameter.api.client import http_get, http_json  # noqa: F401 - the tests' HTTP client
+from stratameter.config import load_settings
+from stratameter.embedded import answer_label_requests, create_topics, find_free_port, group_consumer, start_group_consumer
 
 
 @dataclass
@@ -46,7 +46,7 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
 
     `service_bootstrap` lets the service reach Kafka through another address (a proxy)
     while the test's producer talks to the broker directly."""
-    from service.app.runner import Service
+    from stratameter.app.runner import Service
 
     topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
     await create_topics(kafka_bootstrap, list(topics.values()), partitions=3)
@@ -68,7 +68,7 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
 @contextlib.asynccontextmanager
 async def serving(service, port: int, topics: dict[str, str], producer: AIOKafkaProducer, bootstrap: str):
     """Start `service` and its HTTP server on `port`; on exit stop both and `producer` (already started)."""
-    from service.api.http import serve
+    from stratameter.api.http import serve
 
     server = await serve(service, "127.0.0.1", port)
     tasks = []
@@ -134,7 +134,7 @@ class ServiceProcess:
 
     def start(self) -> "ServiceProcess":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "service.cli", "run"], env=self.env, stdout=log, stderr=log)
+        self.proc = subprocess.Popen([sys.executable, "-m", "stratameter.cli", "run"], env=self.env, stdout=log, stderr=log)
         return self
 
     @property

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.stats.allocation import (
+from stratameter.stats.allocation import (
     ALLOCATIONS,
     DEFAULT_ALLOCATION,
     MIN_LABELS_PER_STRATUM,

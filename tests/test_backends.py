@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from service.embedded import EmbeddedKafkaProxy, EmbeddedRedis, create_topics, leave_group_on_stop
+from stratameter.embedded import EmbeddedKafkaProxy, EmbeddedRedis, create_topics, leave_group_on_stop
 
 pytestmark = pytest.mark.integration
 

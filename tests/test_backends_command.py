@@ -12,13 +12,13 @@ import pytest
 import redis
 from aiokafka.admin import AIOKafkaAdminClient
 
-from service.embedded import kafka_metadata
+from stratameter.embedded import kafka_metadata
 
 pytestmark = pytest.mark.integration
 
 
 def test_backends_command_starts_a_broker_and_redis_and_stops_both_on_sigterm():
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "backends", "--json"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "stratameter.cli", "backends", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         env = json.loads(proc.stdout.readline())

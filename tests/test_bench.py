@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from service.bench.command import main as bench_main
-from service.bench.core import run_bench, score_values
-from service.config import load_settings
-from service.ingest.ingestor import ScoreIngestor
-from service.state.store import Store
+from stratameter.bench.command import main as bench_main
+from stratameter.bench.core import run_bench, score_values
+from stratameter.config import load_settings
+from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.state.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +45,14 @@ async def test_bench_counts_every_record_and_reports_the_json_shape(kafka_bootst
 
 def test_bench_rejects_a_bad_record_count(capsys):
     with pytest.raises(SystemExit):
-        from service.cli import main
+        from stratameter.cli import main
 
         main(["bench", "--records", "0"])
     assert "positive integer" in capsys.readouterr().err
 
 
 def test_score_values_are_valid_score_records():
-    from schemas.parse import parse_scores
+    from stratameter.schemas.parse import parse_scores
 
     which, values = score_values(2000, 4, seed=1)
     batch, rejects = parse_scores(values, [0] * len(values), 0.5)

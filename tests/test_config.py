@@ -1,4 +1,4 @@
-"""service.config: STRATAMETER_* variables, *_FILE secrets, per-classifier overrides, masking."""
+"""stratameter.config: STRATAMETER_* variables, *_FILE secrets, per-classifier overrides, masking."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from schemas.parse import parse_scores
-from service.config import (
+from stratameter.schemas.parse import parse_scores
+from stratameter.config import (
     FILE_SECRETS,
     OVERRIDABLE,
     PER_CLASSIFIER,
@@ -19,9 +19,9 @@ from service.config import (
     Settings,
     load_settings,
 )
-from service.stats.allocation import ALLOCATIONS
-from service.stats.calibration import SCORE_KINDS
-from service.stats.strata import STRATIFICATIONS
+from stratameter.stats.allocation import ALLOCATIONS
+from stratameter.stats.calibration import SCORE_KINDS
+from stratameter.stats.strata import STRATIFICATIONS
 
 P = "STRATAMETER_"
 

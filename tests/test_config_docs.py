@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from service.config import FILE_SECRETS, OVERRIDABLE, Settings, env_var
-from service.config.checks import shown
+from stratameter.config import FILE_SECRETS, OVERRIDABLE, Settings, env_var
+from stratameter.config.checks import shown
 
 yaml = pytest.importorskip("yaml")
 

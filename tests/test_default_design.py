@@ -8,15 +8,15 @@ delta 0.01 and 0.02, so with the binomial sd of 0.005 a failure by noise is a
 2-sd event at worst.  Label ratios average 2000 runs; their sd is < 0.5 %,
 so the 1.05 bound tests means measured at <= 1.04.  Label counts are
 compared with both the Neyman oracle (the issue's bar) and the Jeffreys
-oracle (`service.stats.oracle`: the floor of any design that stops on the
+oracle (`stratameter.stats.oracle`: the floor of any design that stops on the
 default interval).
 """
 
 import numpy as np
 import pytest
 
-from service.simulate import engine
-from service.simulate import populations as P
+from stratameter.simulate import engine
+from stratameter.simulate import populations as P
 
 RUNS = 2000
 DESIGN = engine.Design()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from service.demo.scenarios import SCENARIOS
+from stratameter.demo.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ def _alive(seen: dict[tuple[int, str], str], marker: str) -> dict[tuple[int, str
 def _start(args: list[str], marker: str, tmp_path: Path):
     out = open(tmp_path / "stdout", "wb")
     err = open(tmp_path / "stderr", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "demo", *args], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "stratameter.cli", "demo", *args], stdin=subprocess.DEVNULL,
                             stdout=out, stderr=err, env=_env(marker), cwd=tmp_path)
     return proc, out, err
 
@@ -94,7 +94,7 @@ def _kinds(cmdlines) -> set[str]:
             kinds.add("tansu")
         elif "redis-server" in c or "valkey-server" in c:
             kinds.add("redis")
-        elif "service.cli run" in c:
+        elif "stratameter.cli run" in c:
             kinds.add("service")
     return kinds
 
@@ -191,7 +191,7 @@ def test_live_view_fits_an_80_column_terminal_without_losing_a_number():
     estimates to `0.8…` and drop the truth and savings columns)."""
     from rich.console import Console
 
-    from service.demo import view
+    from stratameter.demo import view
 
     rows = [{"classifier": "toxicity-shifting", "estimate": 0.843356, "lower": 0.797849, "upper": 0.888862,
              "truth": 0.8415, "labels": 18700, "random_equivalent_labels": 22500.0}]

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from service.api.views import classifier_view
-from service.config import load_settings
-from service.ingest.ingestor import ScoreIngestor, opening_histogram
-from service.state.store import Store
-from service.stats.sketch import ScoreHistogram
+from stratameter.api.views import classifier_view
+from stratameter.config import load_settings
+from stratameter.ingest.ingestor import ScoreIngestor, opening_histogram
+from stratameter.state.store import Store
+from stratameter.stats.sketch import ScoreHistogram
 
 pytestmark = pytest.mark.integration
 

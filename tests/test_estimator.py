@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.stats.estimator import (
+from stratameter.stats.estimator import (
     STOPPING_VARIANCE_MARGIN,
     adaptive_bias_corrected,
     bennett_smoothed,

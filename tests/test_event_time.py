@@ -10,9 +10,9 @@ from datetime import datetime
 import orjson
 import pytest
 
-from schemas import parse as parse_mod
-from schemas.messages import EPOCH_MS_FROM, DeadLetter, ScoreRecord, event_time_to_ms, event_time_window
-from schemas.parse import dead_letter_record, parse_scores
+from stratameter.schemas import parse as parse_mod
+from stratameter.schemas.messages import EPOCH_MS_FROM, DeadLetter, ScoreRecord, event_time_to_ms, event_time_window
+from stratameter.schemas.parse import dead_letter_record, parse_scores
 from tests.harness import read_topic, running_service, wait_for
 
 HOUR_MS = 3_600_000

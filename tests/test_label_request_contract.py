@@ -1,5 +1,5 @@
 """The label-request contract is what production publishes: records taken off the
-topic the running service writes to, checked against `schemas.messages.LabelRequest`
+topic the running service writes to, checked against `stratameter.schemas.messages.LabelRequest`
 (millisecond RFC 3339 UTC timestamps included)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from schemas.messages import LabelRequest
+from stratameter.schemas.messages import LabelRequest
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration

@@ -182,7 +182,7 @@ def test_chart_deployment_security_probes_secrets_and_dashboard():
 @pytest.mark.parametrize("which", ["default", "full"])
 def test_chart_settings_are_accepted_by_the_service(which, tmp_path):
     """The rendered ConfigMap + env + mounted files, fed to the service's own settings loader."""
-    from service.config import load_settings
+    from stratameter.config import load_settings
 
     docs = _render(_full_values() if which == "full" else None)
     dep = _one(docs, "Deployment")
@@ -403,11 +403,11 @@ class LiveService:
         import orjson
         from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-        from service.api.http import serve
-        from service.app.runner import Service
-        from service.config import load_settings
-        from service.embedded import create_topics, find_free_port, leave_group_on_stop
-        from service.simulate.populations import builtin
+        from stratameter.api.http import serve
+        from stratameter.app.runner import Service
+        from stratameter.config import load_settings
+        from stratameter.embedded import create_topics, find_free_port, leave_group_on_stop
+        from stratameter.simulate.populations import builtin
 
         self.loop, self.stop_event = asyncio.get_running_loop(), asyncio.Event()
         tag = uuid.uuid4().hex[:10]
@@ -461,7 +461,7 @@ class LiveService:
                 n += 1
 
         async def watch() -> None:
-            from service.metrics.exposition import render
+            from stratameter.metrics.exposition import render
 
             while not self.ready.is_set():
                 text = (await render(service)).decode()
@@ -548,7 +548,7 @@ def _prom_query(port: int, query: str) -> list[dict]:
 
 @pytest.mark.integration
 def test_real_prometheus_scrapes_the_service_and_evaluates_the_rules(live, tmp_path):
-    from service.embedded import find_free_port
+    from stratameter.embedded import find_free_port
 
     prometheus = _need("prometheus", PROMTOOL_HOW)
     values = {"prometheusRule": {"enabled": True, "precisionSLO": {"perClassifier": {CID: 0.99}}}}

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.stats import binom, hypergeom
 
-from service.stats.estimator import half_label_smoothed, neyman_oracle_labels, stratified_variance, z_value
-from service.stats.oracle import expected_jeffreys_variance, jeffreys_oracle_allocation, jeffreys_oracle_labels
+from stratameter.stats.estimator import half_label_smoothed, neyman_oracle_labels, stratified_variance, z_value
+from stratameter.stats.oracle import expected_jeffreys_variance, jeffreys_oracle_allocation, jeffreys_oracle_labels
 
 
 def test_expected_variance_hand_case():

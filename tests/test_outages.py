@@ -10,7 +10,7 @@ import time
 import orjson
 import pytest
 
-from service.embedded import EmbeddedRedis
+from stratameter.embedded import EmbeddedRedis
 from tests.harness import running_service, wait_for
 
 pytestmark = pytest.mark.integration

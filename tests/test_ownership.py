@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from service.app.ownership import preferred_owner
+from stratameter.app.ownership import preferred_owner
 
 
 def test_preferred_owner_is_deterministic_and_among_the_live():

@@ -1,6 +1,6 @@
 """No product module imports test infrastructure: nothing under service/ or schemas/ imports
 `tests`, and `stratameter run` (service/app, service/state and what they use) does not import
-the local backend launcher (`service.embedded`, for the demo, bench, soak and tests)."""
+the local backend launcher (`stratameter.embedded`, for the demo, bench, soak and tests)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Product modules that may start the bundled broker and Redis (`service.embedded`).
+#: Product modules that may start the bundled broker and Redis (`stratameter.embedded`).
 LAUNCHER_USERS = ("service/demo/", "service/bench/", "service/soak/", "service/embedded/")
 
 
 def _imports(path: Path) -> set[str]:
     """Absolute names of every module `path` imports (relative imports resolved)."""
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    parts = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    # the folders install under one import name: service/ is `stratameter`, schemas/ `stratameter.schemas`
+    package = ".".join(("stratameter",) + parts[1:] if parts[0] == "service" else ("stratameter",) + parts)
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -39,7 +41,7 @@ def test_no_product_module_imports_tests():
 
 def test_only_the_tools_import_the_local_backend_launcher():
     users = {str(p.relative_to(ROOT)) for p in _product_modules()
-             if any(m == "service.embedded" or m.startswith("service.embedded.") for m in _imports(p))}
+             if any(m == "stratameter.embedded" or m.startswith("stratameter.embedded.") for m in _imports(p))}
     assert users and all(u.startswith(LAUNCHER_USERS) for u in users), users
 
 

@@ -16,10 +16,10 @@ import numpy as np
 import orjson
 from redis.asyncio import Redis
 
-from service.config import load_settings
-from service.ingest.aggregate import SAMPLE_CAP
-from service.ingest.ingestor import ScoreIngestor
-from service.state.store import Store
+from stratameter.config import load_settings
+from stratameter.ingest.aggregate import SAMPLE_CAP
+from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.state.store import Store
 
 SMALL = 16
 T0 = 1_800_000_000_000  # one chunk (event times are not checked against the clock here)

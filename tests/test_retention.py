@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
-from service.config import load_settings
-from service.ingest.ingestor import ScoreIngestor
-from service.state.store import Store
+from stratameter.config import load_settings
+from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.state.store import Store
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from schemas import parse as parse_mod
-from schemas.messages import (
+from stratameter.schemas import parse as parse_mod
+from stratameter.schemas.messages import (
     MAX_CONTEXT_BYTES,
     MAX_DEAD_LETTER_DETAIL_BYTES,
     MAX_DEAD_LETTER_KEY_BYTES,
@@ -33,8 +33,8 @@ from schemas.messages import (
     rfc3339_to_ms,
     time_to_ms,
 )
-from schemas.times import _rfc3339_to_ms_by_parts
-from schemas.parse import (
+from stratameter.schemas.times import _rfc3339_to_ms_by_parts
+from stratameter.schemas.parse import (
     LabelBatch,
     Reject,
     ScoreBatch,

@@ -31,9 +31,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from service.app.runner import Service, StartupError
-from service.config import ConfigError, load_settings
-from service.embedded import BackendError, EmbeddedRedis, find_free_port, redis_binary
+from stratameter.app.runner import Service, StartupError
+from stratameter.config import ConfigError, load_settings
+from stratameter.embedded import BackendError, EmbeddedRedis, find_free_port, redis_binary
 from tests.embedded_tls import (
     EmbeddedKafkaBehind,
     EmbeddedSecureRedis,
@@ -331,7 +331,7 @@ async def test_kafka_tls_untrusted_server_certificate(tls_files, redis_url):
 def test_log_redaction():
     from urllib.parse import quote
 
-    from service.app.logs import JsonFormatter
+    from stratameter.app.logs import JsonFormatter
 
     fmt = JsonFormatter()
     settings = _load(kafka_security_protocol="SASL_SSL", kafka_sasl_username=KAFKA_USER,
@@ -457,7 +457,7 @@ async def test_subprocess_errors_never_show_secrets(tmp_path, kafka_bootstrap, u
     env = _service_env(port, topics, unique_name("g"), unique_name("sm"), KAFKA_SECURITY_PROTOCOL="SASL_SSL",
                        KAFKA_SASL_MECHANISM="SCRAM-SHA-1", KAFKA_SASL_USERNAME=KAFKA_USER,
                        KAFKA_SASL_PASSWORD=KAFKA_SECRET, REDIS_URL=f"redis://u:{REDIS_SECRET}@h:99999/0")
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "run"], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "stratameter.cli", "run"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert f"{P}KAFKA_SASL_MECHANISM: must be one of" in proc.stderr and f"{P}REDIS_URL" in proc.stderr
@@ -466,7 +466,7 @@ async def test_subprocess_errors_never_show_secrets(tmp_path, kafka_bootstrap, u
     with EmbeddedSecureRedis(users={REDIS_USER: "the-right-one"}) as redis:
         env = _service_env(port, topics, unique_name("g"), unique_name("sm"), KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap,
                            REDIS_URL=redis.url, REDIS_USERNAME=REDIS_USER, REDIS_PASSWORD=REDIS_SECRET)
-        proc = subprocess.run([sys.executable, "-m", "service.cli", "run"], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "stratameter.cli", "run"], env=env, capture_output=True, text=True,
                               timeout=60)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "rejected the credentials of user 'svc-redis'" in proc.stderr

@@ -14,7 +14,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from service.embedded import create_topics, find_free_port
+from stratameter.embedded import create_topics, find_free_port
 from tests.harness import (ServiceProcess, Workload, converged, http_get, labels_folded, read_topic, scores_counted,
                            wait_for)
 

@@ -9,7 +9,7 @@ import time
 import orjson
 import pytest
 
-from service.simulate.populations import builtin
+from stratameter.simulate.populations import builtin
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration

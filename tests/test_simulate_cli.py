@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from service.cli import main
-from service.simulate.populations import BUILTIN, builtin, load
+from stratameter.cli import main
+from stratameter.simulate.populations import BUILTIN, builtin, load
 
 # ---------------------------------------------------------------- populations.load
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.simulate import populations as P
-from service.simulate import arrivals, stream, stream_study
-from service.stats import allocation, streams
+from stratameter.simulate import populations as P
+from stratameter.simulate import arrivals, stream, stream_study
+from stratameter.stats import allocation, streams
 
 POP = P.builtin("calibrated")
 

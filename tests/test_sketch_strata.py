@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from service.stats.sketch import (
+from stratameter.stats.sketch import (
     BINS,
     ScoreHistogram,
     bin_edges_score,
@@ -25,7 +25,7 @@ from service.stats.sketch import (
     squash,
     unsquash,
 )
-from service.stats.strata import STRATIFICATIONS, assign, boundaries, stratify
+from stratameter.stats.strata import STRATIFICATIONS, assign, boundaries, stratify
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -24,12 +24,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from service.config import load_settings
-from service.ingest.aggregate import build_payload, group_by_classifier
-from service.ingest.ingestor import ScoreIngestor
-from service.state import scripts
-from service.state.keys import ingest_chunks
-from service.state.store import ChunkCuts, Store
+from stratameter.config import load_settings
+from stratameter.ingest.aggregate import build_payload, group_by_classifier
+from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.state import scripts
+from stratameter.state.keys import ingest_chunks
+from stratameter.state.store import ChunkCuts, Store
 
 LUA_DIR = Path(scripts.__file__).parent / "lua"
 

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from service.stats.calibration import SCORE_KINDS, resolve_kind, stratum_mean_probability, to_probability
-from service.stats.sketch import ScoreHistogram
-from service.stats.stopping import DEFAULT_ROUNDS, next_streak, should_stop
+from stratameter.stats.calibration import SCORE_KINDS, resolve_kind, stratum_mean_probability, to_probability
+from stratameter.stats.sketch import ScoreHistogram
+from stratameter.stats.stopping import DEFAULT_ROUNDS, next_streak, should_stop
 
 # ---------------------------------------------------------------- stopping
 

@@ -13,12 +13,12 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from service.config import load_settings
-from service.ingest.aggregate import build_payload, group_by_classifier, score_counts
-from service.ingest.ingestor import RESTRATIFY_FIRST, STALE_CUTS, ScoreIngestor, provisional_cap
-from service.state.store import ChunkCuts, Store
-from service.stats.sketch import ScoreHistogram
-from service.stats.strata import assign, boundaries
+from stratameter.config import load_settings
+from stratameter.ingest.aggregate import build_payload, group_by_classifier, score_counts
+from stratameter.ingest.ingestor import RESTRATIFY_FIRST, STALE_CUTS, ScoreIngestor, provisional_cap
+from stratameter.state.store import ChunkCuts, Store
+from stratameter.stats.sketch import ScoreHistogram
+from stratameter.stats.strata import assign, boundaries
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.stats import streams
-from service.stats.estimator import STOPPING_VARIANCE_MARGIN, z_value
+from stratameter.stats import streams
+from stratameter.stats.estimator import STOPPING_VARIANCE_MARGIN, z_value
 
 
 def test_closed_once_the_end_is_further_in_the_past_than_the_lateness():

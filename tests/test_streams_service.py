@@ -21,8 +21,8 @@ import time
 import orjson
 import pytest
 
-from schemas.messages import format_time
-from service.simulate.populations import builtin
+from stratameter.schemas.messages import format_time
+from stratameter.simulate.populations import builtin
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from schemas.messages import CLASSIFIER_ID_RULE, is_classifier_id
+from stratameter.schemas.messages import CLASSIFIER_ID_RULE, is_classifier_id
 
 from . import views
 

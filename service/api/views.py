@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from schemas.messages import LABEL_OUTCOMES, format_time
+from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 
 from ..state.store import ChunkState, Store
 from ..stats import streams

@@ -14,8 +14,8 @@ import numpy as np
 from aiokafka import TopicPartition
 from redis.exceptions import RedisError
 
-from schemas.messages import FOLDED_OUTCOMES, LABEL_OUTCOME_REJECTS
-from schemas.parse import parse_labels, parse_scores
+from stratameter.schemas.messages import FOLDED_OUTCOMES, LABEL_OUTCOME_REJECTS
+from stratameter.schemas.parse import parse_labels, parse_scores
 from ..config import Settings
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
 from ..labels.folder import LabelFolder

@@ -30,7 +30,7 @@ class Checkpoint:
        and acknowledged by the broker.  Every state write is an atomic Lua script that
        compares the partition's last applied offset, stored in Redis beside the state it
        guards, and changes the state and advances that offset in the same call (INGEST,
-       LABEL, GLOBAL_COUNT; see `service.state.scripts`).  If Redis fails, the whole batch
+       LABEL, GLOBAL_COUNT; see `stratameter.state.scripts`).  If Redis fails, the whole batch
        is staged again (offsets reloaded from Redis) and retried with backoff, never
        skipped.  Only a batch applied in full has its next offset recorded for commit.
     3. `commit`: commit the recorded offsets to Kafka (in the background, at most every

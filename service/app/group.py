@@ -4,7 +4,7 @@ On SIGTERM the service hands its partitions over at once (README, "Failover and
 outages"): the consumer must send LeaveGroup when it stops, so the group rebalances
 without waiting a session timeout for the departed member.  aiokafka skips LeaveGroup
 in generation 0, which is the first generation on tansu (the bundled broker,
-`service.embedded`); :func:`leave_group_on_stop` sends it there too.
+`stratameter.embedded`); :func:`leave_group_on_stop` sends it there too.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ One run:
 2. a bare aiokafka consumer (manually assigned, no group) reads them all without
    decoding: the raw rate;
 3. the same, ``orjson.loads`` on every value: the bare decode rate;
-4. a `service.app.runner.Service` with a fresh consumer group consumes the topic
+4. a `stratameter.app.runner.Service` with a fresh consumer group consumes the topic
    (`consume_forever`, the ingest path; no request loop, no HTTP) until the
    classifiers' ``scores_total`` in Redis add up to ``records``.  On the way, when
    ``memory_at`` records are counted (default: a fifth and a half of them), and at the end, the Redis memory of each
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from schemas.parse import score_record_bytes
+from stratameter.schemas.parse import score_record_bytes
 
 CHUNK_MS = 3_600_000  # the service's default chunk (STRATAMETER_CHUNK_SECONDS=3600)
 

@@ -1,7 +1,7 @@
 """The check of one setting, and how a failed one reads: ``STRATAMETER_X: <message>``.
 
 Each factory here returns a pydantic `AfterValidator` that a field carries in its
-``Annotated[type, check, ...]`` declaration (`service.config.settings`), so the environment
+``Annotated[type, check, ...]`` declaration (`stratameter.config.settings`), so the environment
 variables and the per-classifier overrides file are checked by the very same code.  A check
 gets the typed value and returns it (maybe normalised) or raises ValueError whose message
 completes "STRATAMETER_X: ...".  `field_errors` turns pydantic's errors into those lines.

@@ -1,6 +1,6 @@
 """How the settings reach the clients (aiokafka, redis) and the logs, with secrets kept out of the logs.
 
-`ClientOptions` is a mixin of `service.config.Settings`: its methods read the fields declared there.
+`ClientOptions` is a mixin of `stratameter.config.Settings`: its methods read the fields declared there.
 """
 
 from __future__ import annotations

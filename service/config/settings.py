@@ -21,7 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, Vali
                       model_validator)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from schemas.messages import (
+from stratameter.schemas.messages import (
     CLASSIFIER_ID_RULE,
     TOPIC_DEAD_LETTER,
     TOPIC_LABEL_REQUESTS,
@@ -191,12 +191,12 @@ class Settings(ClientOptions, BaseSettings):
 
     def event_time_window(self, now_ms: int) -> tuple[int, int]:
         """The event times (epoch ms, both ends included) a score is accepted with at wall-clock
-        `now_ms`: the `window` of `schemas.parse.parse_scores` (see `schemas.messages.event_time_window`)."""
+        `now_ms`: the `window` of `stratameter.schemas.parse.parse_scores` (see `stratameter.schemas.messages.event_time_window`)."""
         return event_time_window(now_ms, self.chunk_seconds, self.max_event_time_skew_seconds,
                                  self.allowed_lateness_seconds)
 
     def threshold_for(self, cid: str) -> float:
-        """The decision threshold of `cid` (the `threshold_for` of `schemas.parse.parse_scores`)."""
+        """The decision threshold of `cid` (the `threshold_for` of `stratameter.schemas.parse.parse_scores`)."""
         return self.for_classifier(cid).threshold  # type: ignore[no-any-return]
 
     @property
@@ -245,7 +245,7 @@ ClassifierConfig: type[BaseModel] = create_model(
     "ClassifierConfig",
     __doc__="The effective settings of one classifier: the globals, with its overrides applied.",
     __config__=ConfigDict(frozen=True, extra="forbid"),
-    __module__="service.config",
+    __module__="stratameter.config",
     classifier_id=(str | None, None),
     **{n: (_FIELDS[n].rebuild_annotation(), _FIELDS[n].default) for n in PER_CLASSIFIER},  # type: ignore[call-overload]
 )

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from schemas.messages import TOPIC_DEAD_LETTER, TOPIC_LABEL_REQUESTS, TOPIC_LABELS, TOPIC_SCORES
+from stratameter.schemas.messages import TOPIC_DEAD_LETTER, TOPIC_LABEL_REQUESTS, TOPIC_LABELS, TOPIC_SCORES
 
 from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics_sync
 

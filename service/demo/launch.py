@@ -76,7 +76,7 @@ class ServiceProcess:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "run"], stdin=subprocess.DEVNULL, stdout=log,
+                [sys.executable, "-m", "stratameter.cli", "run"], stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True)
 
     async def wait_ready(self, stop: asyncio.Event, timeout: float = 60.0) -> None:

@@ -69,7 +69,7 @@ SCENARIOS: tuple[Scenario, ...] = (
 
 
 def chunk_of(ms: int, chunk_seconds: int) -> int:
-    """The service's chunk id of an event time (`service.ingest.aggregate.chunk_of`)."""
+    """The service's chunk id of an event time (`stratameter.ingest.aggregate.chunk_of`)."""
     return int(ms) // (1000 * int(chunk_seconds))
 
 

@@ -37,7 +37,7 @@ on a 2-core machine):
     LeaveGroup on ``stop()`` when ``generation > 0``. So the first member of a fresh group
     leaves a ghost behind, and the next consumer of that group waits for the ghost's
     session to expire: ~11 s instead of ~3 s with ``session_timeout_ms=6000``. Call
-    :func:`leave_group_on_stop` (``service.app.group``, re-exported here) on a consumer
+    :func:`leave_group_on_stop` (``stratameter.app.group``, re-exported here) on a consumer
     before ``stop()`` to send the LeaveGroup anyway; later generations (1, 2, ...) are not
     affected.
 * The proxy rewrites the Metadata answer so clients only ever talk to the proxy's

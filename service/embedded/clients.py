@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Iterable
 
-from schemas.parse import decode_label_request, label_record_bytes
+from stratameter.schemas.parse import decode_label_request, label_record_bytes
 
 from ..app.group import leave_group_on_stop
 from .process import BackendError
@@ -103,7 +103,7 @@ async def group_consumer(*topics: str, **options: Any) -> AsyncIterator[Any]:
 async def answer_label_requests(consumer: Any, producer: Any, labels_topic: str, answer: Callable[[Any], Any],
                                 key: bytes | None = None) -> None:
     """A reviewer: every label request *consumer* reads, decoded by the codec
-    (`decode_label_request`, a `schemas.messages.LabelRequest`), is answered with
+    (`decode_label_request`, a `stratameter.schemas.messages.LabelRequest`), is answered with
     ``answer(request)`` (awaited if it returns an awaitable): True or False, None for
     skipped, Ellipsis for no answer.  Answers go to *labels_topic* (with *key*) as
     `label_record_bytes`.  Runs until *consumer* ends or the task is cancelled."""

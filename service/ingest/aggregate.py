@@ -9,7 +9,7 @@ bottom-k priorities of the batch per stratum; Redis keeps the global
 bottom-k, which is a uniform sample of the stratum whatever the batching or
 the number of instances feeding it), and the version of the strata boundaries it
 was aggregated with; for a provisional chunk (one stratum until it is
-re-stratified, see `service.ingest.ingestor`) also its exact scores.
+re-stratified, see `stratameter.ingest.ingestor`) also its exact scores.
 """
 
 from __future__ import annotations

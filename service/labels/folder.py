@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from schemas.messages import LABEL_OUTCOMES as OUTCOMES  # the outcomes of one label record
-from schemas.messages import is_classifier_id
+from stratameter.schemas.messages import LABEL_OUTCOMES as OUTCOMES  # the outcomes of one label record
+from stratameter.schemas.messages import is_classifier_id
 
 from ..state.store import Store
 

@@ -28,7 +28,7 @@ import time
 import numpy as np
 import orjson
 
-from schemas.parse import label_request_bytes
+from stratameter.schemas.parse import label_request_bytes
 
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability

@@ -2,7 +2,7 @@
 
 One call simulates R runs of one design (allocation x stratification) on one
 population: every run draws its round's allocation with the same core code the
-service uses (`service.stats`), labels are drawn from the population's true
+service uses (`stratameter.stats`), labels are drawn from the population's true
 stratum composition (binomial with replacement, hypergeometric without), and
 the run stops by the T-round rule.  Arrays are (runs, strata), so a thousand
 runs cost about as much as one round loop.

@@ -3,7 +3,7 @@
 Each run replays a fresh sample of a population as the arrivals of one
 event-time chunk ``[0, chunk_seconds)`` and runs the request loop of the
 service on it, step by step, with the same pure functions
-(`service.stats.streams`, `allocation`, `stopping`): threshold (sequential
+(`stratameter.stats.streams`, `allocation`, `stopping`): threshold (sequential
 Poisson) sampling, paced thresholds while items flow, online OPT rounds once
 they stop, the T-round stopping rule, the paced hourly budget and the chunk's
 interval (finite population correction only once the chunk has closed).

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from schemas.parse import score_record_bytes
+from stratameter.schemas.parse import score_record_bytes
 
 from ..api.client import http_json
 
@@ -102,7 +102,7 @@ class _Service:
         self.proc = self._spawn()
 
     def _spawn(self) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "service.cli", "run"], env=self.env, stdout=self.log,
+        return subprocess.Popen([sys.executable, "-m", "stratameter.cli", "run"], env=self.env, stdout=self.log,
                                 stderr=self.log)
 
     async def kill_and_restart(self, outage: float) -> None:
