@@ -82,8 +82,9 @@ class ScoreIngestor:
         self._offsets: dict[tuple[str, int], int] = {}
         # (cid, chunk) -> its stored cuts; replaced only through the INGEST cuts guard
         self._cuts: dict[tuple[str, int], ChunkCuts] = {}
-        # (cid, chunk) -> per stratum the largest priority its full reservoir keeps (inf: not
-        # full or not known).  Only ever decreases, so a stale value is merely less selective.
+        # (cid, chunk) -> per stratum its full reservoir's cutoff (INGEST: the larger of the
+        # largest priority kept and the stratum's threshold; inf: not full or not known).
+        # Only ever decreases, so a stale value is merely less selective.
         self._cutoffs: dict[tuple[str, int], np.ndarray] = {}
 
     def forget_partition(self, partition: int) -> None:

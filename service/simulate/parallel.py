@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from typing import Callable
 
 
@@ -14,18 +15,11 @@ def map_in_processes(task: Callable, tasks: list, progress: Callable[[int, int],
     the order of `tasks`.  `progress(done, total)` after each.  Each task's
     runs are already vectorised, so parallelism pays across tasks, not within one."""
     workers = workers or min(len(tasks), os.cpu_count() or 1)
+    parallel = workers > 1 and len(tasks) > 1
     results: list = []
-    if workers <= 1 or len(tasks) <= 1:
-        outputs = map(task, tasks)
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers)
-        outputs = pool.map(task, tasks)
-    try:
-        for r in outputs:
+    with ProcessPoolExecutor(max_workers=workers) if parallel else nullcontext() as pool:
+        for r in (pool.map(task, tasks) if parallel else map(task, tasks)):
             results.append(r)
             if progress:
                 progress(len(results), len(tasks))
-    finally:
-        if workers > 1 and len(tasks) > 1:
-            pool.shutdown()
     return results

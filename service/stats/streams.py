@@ -246,10 +246,11 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     N_final = np.asarray(N_final, dtype=float)
     paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True))
     tau = np.where(flowing, paced, np.asarray(tau, dtype=float))
-    D = shortfall_round(round_labels, N, n, h, q, delta, confidence, closed)
+    do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
+    # the shortfall's bisections only where a closed chunk plans a round now
+    D = shortfall_round(round_labels, N, n, h, q, delta, confidence, np.asarray(closed, dtype=bool) & do_round)
     want = allocate_opt_track(N, n, h, q, D, with_replacement=False)
     want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed))
-    do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
     return tau, np.where(do_round[..., None], want, 0)
 
 
