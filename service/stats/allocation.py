@@ -97,27 +97,33 @@ def pseudo_smoothed(n, h, q, weight: float = PSEUDO_WEIGHT) -> np.ndarray:
     return (h + weight * q) / (n + weight)
 
 
-def neyman_shares(N, p) -> np.ndarray:
+def neyman_shares(N, p, scale=None) -> np.ndarray:
     """Neyman (optimal) allocation shares ``N_k sigma_k / sum_j N_j sigma_j``
-    (Kumar & Raj, Eq. 9), ``sigma_k = sqrt(p_k (1 - p_k))``."""
+    (Kumar & Raj, Eq. 9), ``sigma_k = sqrt(p_k (1 - p_k))``.
+
+    ``scale`` (per stratum, default 1) multiplies the shares: for a metric that
+    is a non-linear function of the stratum proportions it is ``|dM/dp_k| / N_k``,
+    so that the shares are Neyman's on the linearised variable
+    (`confusion.allocation_scale`)."""
     p = np.asarray(p, dtype=float)
-    return np.asarray(N, dtype=float) * np.sqrt(np.clip(p * (1 - p), 0.0, None))
+    shares = np.asarray(N, dtype=float) * np.sqrt(np.clip(p * (1 - p), 0.0, None))
+    return shares if scale is None else shares * np.asarray(scale, dtype=float)
 
 
-def allocate_opt(N, n, h, D, rng: np.random.Generator, with_replacement=True) -> np.ndarray:
+def allocate_opt(N, n, h, D, rng: np.random.Generator, with_replacement=True, scale=None) -> np.ndarray:
     """Bennett & Carvalho (2010, Fig. 1): ``Multinomial(D, N_k sigma_k)``."""
-    shares = neyman_shares(N, bennett_smoothed(n, h))
+    shares = neyman_shares(N, bennett_smoothed(n, h), scale)
     return _cap(_multinomial(D, shares, N, rng), N, n, with_replacement, shares)
 
 
-def allocate_opt_conf(N, n, h, q, D, rng: np.random.Generator, with_replacement=True) -> np.ndarray:
+def allocate_opt_conf(N, n, h, q, D, rng: np.random.Generator, with_replacement=True, scale=None) -> np.ndarray:
     """Druck & McCallum (2011) "opt conf online": ``opt`` with sigma_k from
     labels mixed with score-based pseudo-observations (`pseudo_smoothed`)."""
-    shares = neyman_shares(N, pseudo_smoothed(n, h, q))
+    shares = neyman_shares(N, pseudo_smoothed(n, h, q), scale)
     return _cap(_multinomial(D, shares, N, rng), N, n, with_replacement, shares)
 
 
-def allocate_opt_a2(N, n, h, D, round_index: int, n_ini: int = 5, with_replacement=True) -> np.ndarray:
+def allocate_opt_a2(N, n, h, D, round_index: int, n_ini: int = 5, with_replacement=True, scale=None) -> np.ndarray:
     """Kumar & Raj (Alg. 2, OPT-A2): round 0 labels ``n_ini`` per stratum; every
     later round splits ``D`` (their ``n_step``) by Neyman allocation on the
     plain unbiased sample variance ``s_k^2 = n_k/(n_k-1) p_k(1-p_k)`` (Eq. 3).
@@ -133,7 +139,7 @@ def allocate_opt_a2(N, n, h, D, round_index: int, n_ini: int = 5, with_replaceme
         return first if with_replacement else np.minimum(first, np.maximum(N - n, 0).astype(np.int64))
     p = np.asarray(h, dtype=float) / np.maximum(n, 1.0)
     s2 = np.where(n > 1, n / np.maximum(n - 1.0, 1.0), 0.0) * p * (1 - p)
-    shares = np.broadcast_to(N * np.sqrt(s2), shape)
+    shares = np.broadcast_to(N * np.sqrt(s2) * (1.0 if scale is None else np.asarray(scale, dtype=float)), shape)
     pure = shares.sum(axis=-1, keepdims=True) <= 0
     shares = np.where(pure, np.broadcast_to(N, shape), shares)
     return _cap(largest_remainder(shares, D), N, n, with_replacement, shares)
@@ -153,7 +159,7 @@ def allocate_uniform(N, n, D, with_replacement=True) -> np.ndarray:
     return _cap(_track(shares, n, D), N, n, with_replacement, shares)
 
 
-def allocate_opt_track(N, n, h, q, D, with_replacement=True) -> np.ndarray:
+def allocate_opt_track(N, n, h, q, D, with_replacement=True, scale=None) -> np.ndarray:
     """stratameter's default: deterministic tracking of the estimated Neyman allocation.
 
     Two changes to ``opt``/``opt_conf``, each removing a source of waste or
@@ -177,7 +183,7 @@ def allocate_opt_track(N, n, h, q, D, with_replacement=True) -> np.ndarray:
     shape = np.broadcast_shapes(N.shape, n.shape)
     need = np.where(np.broadcast_to(N, shape) > 0, np.maximum(MIN_LABELS_PER_STRATUM - n, 0.0), 0.0)
     warm = largest_remainder(need, np.minimum(need.sum(axis=-1), D).astype(np.int64))
-    shares = np.broadcast_to(neyman_shares(N, half_label_smoothed(n, h)), shape)
+    shares = np.broadcast_to(neyman_shares(N, half_label_smoothed(n, h), scale), shape)
     rest = D - warm.sum(axis=-1)
     alloc = warm + _track(shares, n + warm, rest)
     return _cap(alloc, N, n, with_replacement, shares)
@@ -223,21 +229,25 @@ def allocate(
     rng: np.random.Generator,
     with_replacement: bool = True,
     n_ini: int = 5,
+    scale=None,
 ) -> np.ndarray:
-    """Labels per stratum for the next round of `method` (see module docstring)."""
+    """Labels per stratum for the next round of `method` (see module docstring).
+
+    ``scale`` (per stratum) weights the variance-driven methods' Neyman shares
+    (see `neyman_shares`); the proportional and uniform methods ignore it."""
     N = np.asarray(N)
     if D < 1:
         raise ValueError(f"round size must be >= 1, got {D!r}")
     if method in ("opt_conf", "opt_track") and q is None:
         raise ValueError(f"allocation {method!r} needs the calibrated mean score per stratum (q)")
     if method == "opt_track":
-        return allocate_opt_track(N, n, h, q, D, with_replacement)
+        return allocate_opt_track(N, n, h, q, D, with_replacement, scale)
     if method == "opt":
-        return allocate_opt(N, n, h, D, rng, with_replacement)
+        return allocate_opt(N, n, h, D, rng, with_replacement, scale)
     if method == "opt_conf":
-        return allocate_opt_conf(N, n, h, q, D, rng, with_replacement)
+        return allocate_opt_conf(N, n, h, q, D, rng, with_replacement, scale)
     if method == "opt_a2":
-        return allocate_opt_a2(N, n, h, D, round_index, n_ini, with_replacement)
+        return allocate_opt_a2(N, n, h, D, round_index, n_ini, with_replacement, scale)
     if method in ("pps", "random"):
         return allocate_proportional(N, n, D, with_replacement)
     if method == "uni":

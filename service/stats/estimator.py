@@ -66,28 +66,43 @@ def stratified_estimate(N, n, h) -> np.ndarray:
     return np.where(missing.any(axis=-1), np.nan, est)
 
 
+def stratum_variances(N, n, p, fpc: bool = True) -> np.ndarray:
+    """Per stratum, the estimated variance of its proportion ``p^_k``:
+    ``(1 - n_k/N_k) s_k^2 / n_k`` with ``s_k^2 = n_k/(n_k-1) p_k (1-p_k)``
+    (Kumar & Raj, Eq. 3 and 6), at the given proportions ``p``.
+
+    The finite population correction never counts a stratum as fully known: a
+    labelled census is corrected as if one item were still unlabelled (a
+    reviewer's label is not ground truth), so no interval has zero width.
+    Infinite where a non-empty stratum has fewer than 2 labels (0 where a
+    fully labelled stratum has, with ``fpc``); 0 for an empty stratum.
+    """
+    N = np.asarray(N, dtype=float)
+    n = np.asarray(n, dtype=float)
+    p = np.asarray(p, dtype=float)
+    safe_n = np.maximum(n, 2.0)
+    s2 = safe_n / (safe_n - 1.0) * p * (1.0 - p)
+    f = np.where(N > 0, np.minimum(n, N - 1.0) / np.maximum(N, 1.0), 1.0) if fpc else 0.0
+    var = np.clip(1.0 - f, 0.0, 1.0) * s2 / safe_n
+    too_few = (n < 2) & (N > 0) & ~((N <= n) & fpc)  # a fully labelled stratum is exact
+    return np.where(N > 0, np.where(too_few, np.inf, var), 0.0)
+
+
 def stratified_variance(N, n, h, fpc: bool = True, p_var=None) -> np.ndarray:
     """Estimated variance of the stratified estimator (Kumar & Raj, Eq. 6).
 
-    ``v = sum_k W_k^2 (1 - n_k/N_k) s_k^2 / n_k`` with the unbiased
-    ``s_k^2 = n_k/(n_k-1) p_k (1-p_k)``; the factor ``(1 - n_k/N_k)`` is the
-    finite population correction, used when sampling without replacement
-    (Bennett & Carvalho 2010, Sec. 4).  It never counts a stratum as fully
-    known: a labelled census is corrected as if one item were still unlabelled
-    (a reviewer's label is not ground truth), so no interval has zero width.  ``p_var`` optionally replaces the
-    per-stratum proportion used inside ``s_k^2`` (see `wilson_interval`).
-    Infinite where a non-empty stratum has fewer than 2 labels.
+    ``v = sum_k W_k^2 (1 - n_k/N_k) s_k^2 / n_k`` (`stratum_variances`); the
+    factor ``(1 - n_k/N_k)`` is the finite population correction, used when
+    sampling without replacement (Bennett & Carvalho 2010, Sec. 4).
+    ``p_var`` optionally replaces the per-stratum proportion used inside
+    ``s_k^2`` (see `wilson_interval`).  Infinite where a non-empty stratum has
+    fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
     W = weights(N)
-    safe_n = np.maximum(n, 2.0)
     p_k = h / np.maximum(n, 1.0) if p_var is None else np.asarray(p_var, dtype=float)
-    s2 = safe_n / (safe_n - 1.0) * p_k * (1.0 - p_k)
-    f = np.where(N > 0, np.minimum(n, N - 1.0) / np.maximum(N, 1.0), 1.0) if fpc else 0.0
-    term = W**2 * np.clip(1.0 - f, 0.0, 1.0) * s2 / safe_n
-    term = np.where(W > 0, term, 0.0)
-    too_few = (n < 2) & (W > 0) & ~((N <= n) & fpc)  # a fully labelled stratum is exact
-    return np.where(too_few.any(axis=-1), np.inf, term.sum(axis=-1))
+    var_k = stratum_variances(N, n, p_k, fpc)
+    return np.sum(np.where(W > 0, W**2 * var_k, 0.0), axis=-1)
 
 
 @dataclass(frozen=True)
@@ -179,6 +194,21 @@ def adaptive_bias_corrected(N, n, h, var=None, fpc: bool = False) -> np.ndarray:
     base = stratified_estimate(N, n, h)
     if var is None:
         var = stratified_variance(N, n, h, p_var=half_label_smoothed(n, h))
+    p_k = h / np.maximum(n, 1.0)
+    est = np.sum(W * np.clip(p_k + adaptive_shift(N, n, h, W**2, var, fpc), 0.0, 1.0), axis=-1)
+    return np.where(np.isfinite(base), est, np.nan)
+
+
+def adaptive_shift(N, n, h, g2, var, fpc: bool = False) -> np.ndarray:
+    """Per stratum, the first-order bias correction of ``p_k = h_k / n_k`` under
+    adaptive allocation and the variance-based stopping rule (see
+    `adaptive_bias_corrected`): ``(g_k n_k/(n_k+1) + stop_k) Var(p_k)`` with
+    ``stop_k = g2_k (1 - 2 pbar_k) / (n_k v)``.
+
+    ``g2`` is each stratum's weight in the variance ``v = sum_k g2_k Var(p_k)``
+    the stopping rule tests: ``W_k^2`` for a stratified mean, the squared
+    gradient ``(dM/dp_k)^2`` for a linearised metric (`confusion`).
+    """
     pbar = half_label_smoothed(n, h)
     p_k = h / np.maximum(n, 1.0)
     var_k = p_k * (1.0 - p_k) / np.maximum(n, 1.0)
@@ -188,10 +218,8 @@ def adaptive_bias_corrected(N, n, h, var=None, fpc: bool = False) -> np.ndarray:
     v = np.asarray(var, dtype=float)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
         stop_slope = np.where(np.isfinite(v) & (v > 0),
-                              W**2 * (1.0 - 2.0 * pbar) / (np.maximum(n, 1.0) * v), 0.0)
-    shift = (g * n / (n + 1.0) + stop_slope) * var_k
-    est = np.sum(W * np.clip(p_k + shift, 0.0, 1.0), axis=-1)
-    return np.where(np.isfinite(base), est, np.nan)
+                              g2 * (1.0 - 2.0 * pbar) / (np.maximum(n, 1.0) * v), 0.0)
+    return (g * n / (n + 1.0) + stop_slope) * var_k
 
 
 #: Variance inflation of the default interval for the sequential stopping rule.
@@ -251,15 +279,20 @@ def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Inte
     n_eff = np.minimum(n_eff, np.where(np.isfinite(var), np.inf, 0.0))
     n_total = n.sum(axis=-1)
     n_eff = np.where((p <= 0) | (p >= 1), n_total, n_eff)
+    return wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se)
+
+
+def wilson_score(p, n_eff, z: float, ok, est, se) -> Interval:
+    """Wilson's (1927) score interval for a proportion `p` on `n_eff` observations, reported at
+    its centre; NaN bounds (and the estimate `est`) where not `ok` or ``n_eff`` is not positive."""
     with np.errstate(divide="ignore", invalid="ignore"):
         z2n = z * z / n_eff
         center = (p + z2n / 2.0) / (1.0 + z2n)
         half = z / (1.0 + z2n) * np.sqrt(p * (1 - p) / n_eff + z2n / (4.0 * n_eff))
-    ok = np.isfinite(var) & np.isfinite(est) & (n_eff > 0)
+    ok = ok & (n_eff > 0)
     lower = np.where(ok, np.clip(center - half, 0.0, 1.0), np.nan)
     upper = np.where(ok, np.clip(center + half, 0.0, 1.0), np.nan)
-    est = np.where(ok, (lower + upper) / 2.0, est)
-    return Interval(est, lower, upper, se)
+    return Interval(np.where(ok, (lower + upper) / 2.0, est), lower, upper, se)
 
 
 def interval(N, n, h, confidence: float = 0.95, method: str = "wilson", fpc: bool = True) -> Interval:

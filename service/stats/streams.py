@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from .allocation import MIN_LABELS_PER_STRATUM, allocate_opt_track, pseudo_smoothed
+from .confusion import allocation_scale
 from .estimator import STOPPING_VARIANCE_MARGIN, Interval, half_label_smoothed, interval, z_value
 
 #: Share of the Neyman target the pace aims at while items still arrive; the
@@ -120,7 +121,7 @@ def expected_final_size(N, first_s, last_s, now_s, end_s, chunk_seconds: float) 
     return N + np.where(flowing, rate * left, 0.0)
 
 
-def target_labels(N, n, h, q, delta: float, confidence: float, fpc: bool = False) -> np.ndarray:
+def target_labels(N, n, h, q, delta: float, confidence: float, fpc: bool = False, target=None) -> np.ndarray:
     """Labels per stratum the target half-width needs: Neyman's allocation
     ``n*_k = n* W_k S_k / sum_j W_j S_j`` with ``n* = (sum W S)^2 / (V + sum W S^2 / N)``,
     ``V = delta^2 / (z^2 margin)`` (Kumar & Raj, Eq. 9-10; the last term is the
@@ -129,18 +130,30 @@ def target_labels(N, n, h, q, delta: float, confidence: float, fpc: bool = False
     from the labels plus Druck & McCallum's score pseudo-observations
     (`allocation.pseudo_smoothed`), and at least ``MIN_LABELS_PER_STRATUM`` in
     every non-empty stratum.
+
+    For a `confusion.Target` other than precision, ``W_k`` is each metric's
+    ``|dM/dp_k|`` (Neyman on the linearised variable; the finite population
+    term is ``sum_k g_k^2 S_k^2 / N_k``), and a stratum needs the most any
+    enabled metric asks of it.
     """
     N = np.asarray(N, dtype=float)
     p = pseudo_smoothed(n, h, q)
     S = np.sqrt(np.clip(p * (1.0 - p), 0.0, None))
-    total = N.sum(axis=-1, keepdims=True)
-    W = N / np.where(total > 0, total, 1.0)
     z = z_value(confidence)
-    ws = np.sum(W * S, axis=-1, keepdims=True)
     V = delta * delta / (z * z * STOPPING_VARIANCE_MARGIN)
-    if fpc:
-        V = V + np.sum(W * S * S, axis=-1, keepdims=True) / np.where(total > 0, total, 1.0)
-    need = ws * W * S / V
+    if target is None or target.is_precision:
+        total = N.sum(axis=-1, keepdims=True)
+        W = N / np.where(total > 0, total, 1.0)
+        ws = np.sum(W * S, axis=-1, keepdims=True)
+        if fpc:
+            V = V + np.sum(W * S * S, axis=-1, keepdims=True) / np.where(total > 0, total, 1.0)
+        need = ws * W * S / V
+    else:
+        need = np.zeros(np.broadcast_shapes(N.shape, S.shape))
+        for g in target.weights(N, p):
+            ws = np.sum(g * S, axis=-1, keepdims=True)
+            fpc_term = np.sum(np.where(N > 0, g * g * S * S / np.maximum(N, 1.0), 0.0), axis=-1, keepdims=True)
+            need = np.maximum(need, ws * g * S / (V + fpc_term if fpc else V))
     return np.where(N > 0, np.maximum(need, MIN_LABELS_PER_STRATUM), 0.0)
 
 
@@ -152,13 +165,20 @@ def paced_thresholds(tau, N_final, n_target) -> np.ndarray:
     return np.maximum(np.asarray(tau, dtype=float), np.clip(pace, 0.0, 1.0))
 
 
-def chunk_interval(N, n, h, confidence: float, closed) -> Interval:
-    """The reported interval: with the finite population correction only once the chunk is closed."""
+def chunk_interval(N, n, h, confidence: float, closed, target=None) -> Interval:
+    """The reported interval: with the finite population correction only once the chunk is closed.
+
+    With a `confusion.Target`, the widest of its metrics' intervals (the one
+    the stopping rule and the label forecasts look at)."""
+    def one(fpc: bool) -> Interval:
+        if target is None or target.is_precision:
+            return interval(N, n, h, confidence, "wilson", fpc=fpc)
+        return target.widest(N, n, h, confidence, fpc)
+
     closed = np.asarray(closed, dtype=bool)
     if closed.ndim == 0:
-        return interval(N, n, h, confidence, "wilson", fpc=bool(closed))
-    with_fpc = interval(N, n, h, confidence, "wilson", fpc=True)
-    without = interval(N, n, h, confidence, "wilson", fpc=False)
+        return one(bool(closed))
+    with_fpc, without = one(True), one(False)
     pick = lambda a, b: np.where(closed, a, b)  # noqa: E731
     return Interval(pick(with_fpc.estimate, without.estimate), pick(with_fpc.lower, without.lower),
                     pick(with_fpc.upper, without.upper), pick(with_fpc.stderr, without.stderr))
@@ -177,7 +197,8 @@ def budget_allowance(max_per_hour: int, seconds_into_hour) -> np.ndarray:
     return np.minimum(max_per_hour, np.ceil(max_per_hour * share - 1e-9)).astype(np.int64)
 
 
-def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, iterations: int = 30) -> np.ndarray:
+def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, iterations: int = 30,
+                    target=None) -> np.ndarray:
     """Labels at which a closed chunk's interval would be down to `delta` if
     every stratum's labels grew by the same factor, with proportions ``p``
     (default: the labels' own, ``h/n``): the smallest total of ``min(t n_k, N_k)`` whose interval
@@ -192,7 +213,7 @@ def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, iterations
     h = np.asarray(h, dtype=float)
     p = h / np.maximum(n, 1.0) if p is None else np.asarray(p, dtype=float)
     grown = lambda t: np.minimum(n * t[..., None], np.maximum(N, n))  # noqa: E731
-    width = lambda t: chunk_interval(N, grown(t), p * grown(t), confidence, True).halfwidth  # noqa: E731
+    width = lambda t: chunk_interval(N, grown(t), p * grown(t), confidence, True, target).halfwidth  # noqa: E731
     now = width(np.ones(N.shape[:-1]))
     lo = np.ones(N.shape[:-1])
     with np.errstate(divide="ignore"):
@@ -205,7 +226,7 @@ def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, iterations
     return np.where(short, grown(hi).sum(axis=-1), n.sum(axis=-1))
 
 
-def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed) -> np.ndarray:
+def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, target=None) -> np.ndarray:
     """Round size: ``D`` (Bennett & Carvalho's two labels per stratum), and once
     the chunk has `closed`, at least `SHORTFALL_SHARE` of the labels its
     interval says are missing (`labels_to_reach`).  The missing labels are
@@ -220,14 +241,14 @@ def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed) -> n
     if not closed.any():
         return np.broadcast_to(np.asarray(D, dtype=np.int64), np.shape(n)[:-1]).copy()
     total = np.sum(n, axis=-1)
-    need = np.minimum(labels_to_reach(N, n, h, delta, confidence),
-                      labels_to_reach(N, n, h, delta, confidence, pseudo_smoothed(n, h, q)))
+    need = np.minimum(labels_to_reach(N, n, h, delta, confidence, target=target),
+                      labels_to_reach(N, n, h, delta, confidence, pseudo_smoothed(n, h, q), target=target))
     missing = np.maximum(need - total, 0.0)
     return np.where(closed, np.maximum(D, np.ceil(SHORTFALL_SHARE * missing)), D).astype(np.int64)
 
 
 def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, delta: float, confidence: float,
-                  round_labels: int, closed=False) -> tuple[np.ndarray, np.ndarray]:
+                  round_labels: int, closed=False, target=None) -> tuple[np.ndarray, np.ndarray]:
     """One decision of the request loop for one chunk (or many runs at once).
 
     Returns ``(tau, want)``: the paced thresholds (while `flowing`) and the
@@ -237,24 +258,28 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     labels, or once the chunk has `closed` a share of what its interval says
     is missing: `shortfall_round`), or more where a stratum with
     `CATCH_UP_MIN_LABELS` labels is short of `CATCH_UP_SHARE` of its target
-    (`catch_up`).  The caller turns
+    (`catch_up`).  A `confusion.Target` other than precision sizes and
+    allocates for its metrics (`confusion.allocation_scale`).  The caller turns
     ``want`` into higher thresholds by taking the next-lowest priorities of
     each stratum (`threshold_after`).
     """
     N = np.asarray(N, dtype=float)
     flowing = np.asarray(flowing, dtype=bool)[..., None]
     N_final = np.asarray(N_final, dtype=float)
-    paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True))
+    paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True, target=target))
     tau = np.where(flowing, paced, np.asarray(tau, dtype=float))
     do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
     # the shortfall's bisections only where a closed chunk plans a round now
-    D = shortfall_round(round_labels, N, n, h, q, delta, confidence, np.asarray(closed, dtype=bool) & do_round)
-    want = allocate_opt_track(N, n, h, q, D, with_replacement=False)
-    want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed))
+    D = shortfall_round(round_labels, N, n, h, q, delta, confidence, np.asarray(closed, dtype=bool) & do_round,
+                        target)
+    scale = None if target is None or target.is_precision else allocation_scale(target.metrics, N, n, h,
+                                                                                   target.positive)
+    want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale)
+    want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target))
     return tau, np.where(do_round[..., None], want, 0)
 
 
-def catch_up(N, n, h, q, delta: float, confidence: float, closed=False) -> np.ndarray:
+def catch_up(N, n, h, q, delta: float, confidence: float, closed=False, target=None) -> np.ndarray:
     """Labels per stratum that bring a stratum with at least `CATCH_UP_MIN_LABELS`
     labels to `CATCH_UP_SHARE` of its target (`target_labels`, with the finite
     population correction once the chunk is `closed`): after a paced stream the
@@ -267,9 +292,9 @@ def catch_up(N, n, h, q, delta: float, confidence: float, closed=False) -> np.nd
     n = np.asarray(n, dtype=float)
     closed = np.asarray(closed, dtype=bool)[..., None]
     p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
-    target = np.where(closed, target_labels(N, n, h, p, delta, confidence, fpc=True),
-                      target_labels(N, n, h, p, delta, confidence))
-    short = np.ceil(CATCH_UP_SHARE * target - n)
+    need = np.where(closed, target_labels(N, n, h, p, delta, confidence, fpc=True, target=target),
+                    target_labels(N, n, h, p, delta, confidence, target=target))
+    short = np.ceil(CATCH_UP_SHARE * need - n)
     room = np.maximum(N - n, 0.0)
     return np.where(n >= CATCH_UP_MIN_LABELS, np.clip(short, 0.0, room), 0.0).astype(np.int64)
 

@@ -1,0 +1,305 @@
+"""Precision, recall, F1 and accuracy from one stratified sample of the whole stream.
+
+Strata now cover both sides of the decision threshold: ``positive[k]`` is
+True for a stratum of predicted positives and False for one of predicted
+negatives.  In every stratum ``h_k`` of ``n_k`` labels say "truly positive",
+so with ``p_k`` the stratum's share of true positives the confusion totals are
+
+    TP = sum_{k pos} N_k p_k        FP = sum_{k pos} N_k (1 - p_k)
+    FN = sum_{k neg} N_k p_k        TN = sum_{k neg} N_k (1 - p_k)
+
+and every metric is a smooth function ``M(p)`` of the vector of stratum means
+(Druck & McCallum 2011, Sec. 4.2: a non-linear target function of a vector of
+stratified means):
+
+* precision ``TP / (TP + FP)`` and accuracy ``(TP + TN) / N`` are linear in
+  ``p`` (accuracy is the stratified mean of "the prediction was right", i.e.
+  ``p_k`` on positive strata and ``1 - p_k`` on negative ones): both use
+  today's `estimator.wilson_interval` unchanged;
+* recall ``TP / (TP + FN)`` and F1 ``2 TP / (2 TP + FP + FN)`` are ratios,
+  estimated by the plug-in ``M(p^)`` (Krewski & Rao 1981) with the
+  linearisation (Taylor) variance ``sum_k (dM/dp_k)^2 Var(p^_k)``
+  (`linearised_variance`) and the Wilson interval on the design-effect
+  effective sample size (`ratio_interval`).
+
+All functions take arrays whose last axis is the stratum axis, as
+`estimator` does, so the simulator evaluates thousands of runs in one call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .estimator import (
+    STOPPING_VARIANCE_MARGIN,
+    Interval,
+    _as_counts,
+    adaptive_shift,
+    half_label_smoothed,
+    stratum_variances,
+    wilson_interval,
+    wilson_score,
+    z_value,
+)
+
+METRICS: tuple[str, ...] = ("precision", "recall", "f1", "accuracy")
+#: The adaptive-bias correction of a stratum's proportion is first order in
+#: ``1 / (n_k p_k (1 - p_k))``; in a stratum that has seen fewer of its rarer
+#: outcome than this (a false-negative stratum with one or two hits) the
+#: expansion does not hold and would double the stratum's estimate, so it is
+#: not applied there.
+SHIFT_MIN_EVENTS = 5
+#: How the predicted negatives are stratified by default (README "Recall, F1 and accuracy": their
+#: false negatives sit near the threshold, which equal-count strata dilute).
+DEFAULT_NEGATIVE_STRATIFICATION = "cum_sqrt_f"
+#: Metrics that need labels of predicted negatives.
+NEEDS_NEGATIVES: frozenset[str] = frozenset({"recall", "f1", "accuracy"})
+
+
+def parse_metrics(value) -> tuple[str, ...]:
+    """Metric names from a comma list or a sequence, in `METRICS` order.
+
+    Raises ValueError naming the unknown entry, or on an empty list.
+    """
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip().lower() for item in items if str(item).strip()]
+    unknown = [name for name in names if name not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric {unknown[0]!r}; choose from {', '.join(METRICS)}")
+    if not names:
+        raise ValueError(f"at least one metric is needed; choose from {', '.join(METRICS)}")
+    return tuple(m for m in METRICS if m in names)
+
+
+def needs_negatives(metrics) -> bool:
+    """Whether any of `metrics` needs labels of predicted negatives."""
+    return any(m in NEEDS_NEGATIVES for m in metrics)
+
+
+def _totals(N, p, positive) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(TP, FN, N_pos, N)`` from stratum sizes and proportions of true positives."""
+    N = np.asarray(N, dtype=float)
+    p = np.asarray(p, dtype=float)
+    pos = np.asarray(positive, dtype=bool)
+    mass = N * p
+    tp = np.sum(np.where(pos, mass, 0.0), axis=-1)
+    fn = np.sum(np.where(pos, 0.0, mass), axis=-1)
+    n_pos = np.sum(np.where(pos, N, 0.0), axis=-1)
+    return tp, fn, n_pos, N.sum(axis=-1)
+
+
+def value(metric: str, N, p, positive) -> np.ndarray:
+    """``M(p)``: the metric of stratum proportions `p` (the truth when ``p = G/N``).
+
+    NaN where the metric is undefined (no predicted positive for precision,
+    no true positive for recall, nothing at all for F1).
+    """
+    tp, fn, n_pos, n_all = _totals(N, p, positive)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if metric == "precision":
+            num, den = tp, n_pos
+        elif metric == "recall":
+            num, den = tp, tp + fn
+        elif metric == "f1":
+            num, den = 2.0 * tp, n_pos + tp + fn
+        elif metric == "accuracy":
+            tn = n_all - n_pos - fn
+            num, den = tp + tn, n_all
+        else:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def gradient(metric: str, N, p, positive) -> np.ndarray:
+    """``dM/dp_k`` per stratum (the linearised variable's weight, Taylor 1st order).
+
+    * precision ``N_k / N_pos`` on positive strata, 0 on negative ones;
+    * recall ``N_k FN / (TP+FN)^2`` (positive), ``-N_k TP / (TP+FN)^2`` (negative);
+    * F1 with ``D = N_pos + TP + FN``: ``2 N_k (N_pos + FN) / D^2`` (positive),
+      ``-2 N_k TP / D^2`` (negative);
+    * accuracy ``N_k / N`` (positive), ``-N_k / N`` (negative).
+    """
+    N = np.asarray(N, dtype=float)
+    pos = np.asarray(positive, dtype=bool)
+    tp, fn, n_pos, n_all = (t[..., None] for t in _totals(N, p, positive))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if metric == "precision":
+            on_pos, on_neg = 1.0 / n_pos, 0.0
+        elif metric == "recall":
+            den = (tp + fn) ** 2
+            on_pos, on_neg = fn / den, -tp / den
+        elif metric == "f1":
+            den = (n_pos + tp + fn) ** 2
+            on_pos, on_neg = 2.0 * (n_pos + fn) / den, -2.0 * tp / den
+        elif metric == "accuracy":
+            on_pos, on_neg = 1.0 / n_all, -1.0 / n_all
+        else:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        g = N * np.where(pos, on_pos, on_neg)
+    return np.where(N > 0, np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
+
+
+def linearised_variance(metric: str, N, n, h, positive, fpc: bool = True, p_var=None) -> np.ndarray:
+    """Taylor (linearisation) variance ``sum_k g_k^2 Var(p^_k)`` of ``M(p^)``.
+
+    ``g_k = dM/dp_k`` (`gradient`) and ``Var(p^_k) = (1 - f_k) s_k^2 / n_k`` are
+    both taken at ``p_var`` (default the half-label smoothed proportions
+    ``(h_k + 1/2) / (n_k + 1)``), so a stratum with no observed false negative
+    yet still contributes, and the gradient of recall on the positive side does
+    not vanish when no false negative has been seen (Krewski & Rao 1981,
+    Sec. 2; Wolter 2007, "Introduction to Variance Estimation", Ch. 6).
+    Infinite where a non-empty stratum has fewer than 2 labels.
+    """
+    N, n, h = _as_counts(N, n, h)
+    p = half_label_smoothed(n, h) if p_var is None else np.asarray(p_var, dtype=float)
+    g = gradient(metric, N, p, positive)
+    var_k = stratum_variances(N, n, p, fpc)
+    return np.sum(np.where(g != 0.0, g * g * var_k, 0.0), axis=-1)
+
+
+def plug_in(metric: str, N, n, h, positive) -> np.ndarray:
+    """``M(h/n)``; NaN where a non-empty stratum has no label yet."""
+    N, n, h = _as_counts(N, n, h)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(n > 0, h / np.where(n > 0, n, 1.0), 0.0)
+    missing = ((n == 0) & (N > 0)).any(axis=-1)
+    return np.where(missing, np.nan, value(metric, N, p, positive))
+
+
+def ratio_interval(metric: str, N, n, h, positive, confidence: float = 0.95, fpc: bool = True) -> Interval:
+    """Wilson interval for a ratio metric (recall, F1) with the design-effect ``n_eff``.
+
+    Recall is a domain proportion (the share of the truly positive items that
+    the model flags) and F1 a ratio in [0, 1]; for both, Franco, Little,
+    Louis & Slud (2019, "Comparative study of confidence intervals for
+    proportions in complex sample surveys", J. Surv. Stat. Methodol. 7:334)
+    find the Wilson interval on the Kish effective sample size
+    ``n_eff = M (1 - M) / v`` among the few that keep their coverage with
+    rare domains, where Wald collapses.  The pieces, as in
+    `estimator.wilson_interval`:
+
+    * ``v`` is the linearisation variance at the half-label smoothed
+      proportions (`linearised_variance`), inflated by
+      `STOPPING_VARIANCE_MARGIN`;
+    * ``M`` inside ``n_eff`` is the metric of those smoothed proportions, so
+      ``n_eff`` stays finite and positive when the plug-in estimate is 0 or 1
+      (a recall with no false negative seen yet): the interval never
+      collapses to zero width;
+    * ``n_eff`` is never above the number of labels (Korn & Graubard 1998);
+    * the plug-in takes each stratum's proportion with the first-order bias
+      of adaptive allocation and stopping removed (`estimator.adaptive_shift`
+      with the squared gradient as the stratum's weight in ``v``);
+    * the reported estimate is the interval's centre.
+    NaN bounds where a non-empty stratum has fewer than 2 labels.
+    """
+    N, n, h = _as_counts(N, n, h)
+    z = z_value(confidence)
+    p_smooth = half_label_smoothed(n, h)
+    var = linearised_variance(metric, N, n, h, positive, fpc, p_smooth)
+    se = np.sqrt(var)
+    g = gradient(metric, N, p_smooth, positive)
+    shift = adaptive_shift(N, n, h, g * g, var, fpc)
+    shift = np.where(np.minimum(h, n - h) >= SHIFT_MIN_EVENTS, shift, 0.0)
+    p_hat = np.clip(h / np.maximum(n, 1.0) + shift, 0.0, 1.0)
+    est = np.where(np.isfinite(plug_in(metric, N, n, h, positive)), value(metric, N, p_hat, positive), np.nan)
+    m_smooth = value(metric, N, p_smooth, positive)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        n_eff = np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN)
+    n_eff = np.minimum(n_eff, n.sum(axis=-1))
+    p = np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0)
+    return wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se)
+
+
+def correct_counts(n, h, positive) -> np.ndarray:
+    """Labels saying "the prediction was right": ``h_k`` on positive strata, ``n_k - h_k`` on negative ones."""
+    n = np.asarray(n)
+    h = np.asarray(h)
+    return np.where(np.asarray(positive, dtype=bool), h, n - h)
+
+
+def metric_interval(metric: str, N, n, h, positive, confidence: float = 0.95, fpc: bool = True) -> Interval:
+    """The interval the service reports for `metric` (see the module docstring)."""
+    if metric == "precision":
+        pos = np.asarray(positive, dtype=bool)
+        return wilson_interval(np.asarray(N)[..., pos], np.asarray(n)[..., pos], np.asarray(h)[..., pos],
+                               confidence, fpc)
+    if metric == "accuracy":
+        return wilson_interval(N, n, correct_counts(n, h, positive), confidence, fpc)
+    if metric in ("recall", "f1"):
+        return ratio_interval(metric, N, n, h, positive, confidence, fpc)
+    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+
+
+def allocation_scale(metrics, N, n, h, positive, variances=None) -> np.ndarray:
+    """Per stratum, the weight that turns Neyman shares ``N_k sigma_k`` into the
+    allocation for the enabled `metrics` (`allocation.neyman_shares`' ``scale``).
+
+    One metric: ``|g_k| / N_k`` with ``g_k = dM/dp_k`` (`gradient`) at the
+    half-label smoothed proportions, i.e. Neyman allocation on the linearised
+    variable (Druck & McCallum 2011, Sec. 4.2: optimal allocation on the
+    standard deviation of the target's composite variable).  Several metrics
+    share one sample and one ``delta``; the allocation minimises the sum of
+    their squared variances, a smooth stand-in for the widest interval:
+    ``n_k ~ sigma_k sqrt(sum_m v_m g_mk^2)`` with ``v_m`` the metric's current
+    variance (`variances`, equal weights while any is unknown), so the metric
+    whose interval is widest draws the labels.  For precision alone the
+    scale is constant on the positive strata: today's allocation.
+    """
+    N, n, h = _as_counts(N, n, h)
+    p = half_label_smoothed(n, h)
+    grads = [gradient(m, N, p, positive) / np.where(N > 0, N, 1.0) for m in metrics]
+    if variances is None:
+        lam = [np.ones(N.shape[:-1])] * len(grads)
+    else:
+        v = [np.asarray(x, dtype=float) for x in variances]
+        known = np.all([np.isfinite(x) & (x > 0) for x in v], axis=0)
+        total = np.sum([np.where(known, x, 0.0) for x in v], axis=0)
+        lam = [np.where(known, x / np.where(total > 0, total, 1.0), 1.0) for x in v]
+    combined = sum(np.asarray(l)[..., None] * g * g for l, g in zip(lam, grads))
+    return np.sqrt(combined)
+
+
+class Target:
+    """What a chunk's design aims at: the enabled `metrics` over strata whose
+    side (predicted positive or negative) is `positive`.
+
+    ``Target.precision(k)`` (every stratum predicted positive, precision only)
+    is today's design; `stats.streams` takes a Target wherever it sized
+    labels by precision's weights ``W_k``, and uses instead the gradient of
+    each metric (`gradient`), whose absolute value is ``W_k`` for precision.
+    """
+
+    def __init__(self, metrics, positive) -> None:
+        self.metrics = parse_metrics(metrics)
+        self.positive = np.asarray(positive, dtype=bool)
+        if not needs_negatives(self.metrics) and not self.positive.all():
+            raise ValueError("strata of predicted negatives need a metric that uses them (recall, f1, accuracy)")
+
+    @classmethod
+    def precision(cls, strata: int) -> "Target":
+        return cls(("precision",), np.ones(strata, dtype=bool))
+
+    @property
+    def is_precision(self) -> bool:
+        return self.metrics == ("precision",) and bool(self.positive.all())
+
+    def intervals(self, N, n, h, confidence: float, fpc: bool) -> dict[str, Interval]:
+        """Every enabled metric's interval (`metric_interval`)."""
+        return {m: metric_interval(m, N, n, h, self.positive, confidence, fpc) for m in self.metrics}
+
+    def widest(self, N, n, h, confidence: float, fpc: bool) -> Interval:
+        """The interval with the largest half-width (NaN if any is still unknown):
+        the one the stopping rule and the label forecasts look at."""
+        ivs = list(self.intervals(N, n, h, confidence, fpc).values())
+        if len(ivs) == 1:
+            return ivs[0]
+        hw = np.stack([np.where(np.isnan(iv.halfwidth), np.inf, iv.halfwidth) for iv in ivs])
+        pick = np.argmax(hw, axis=0)
+        take = lambda field: np.choose(pick, [getattr(iv, field) for iv in ivs])  # noqa: E731
+        out = Interval(take("estimate"), take("lower"), take("upper"), take("stderr"))
+        unknown = np.isinf(np.max(hw, axis=0))
+        return Interval(*(np.where(unknown, np.nan, getattr(out, f)) for f in ("estimate", "lower", "upper", "stderr")))
+
+    def weights(self, N, p) -> list[np.ndarray]:
+        """Per metric, ``|dM/dp_k|`` at proportions `p` (``W_k`` for precision)."""
+        return [np.abs(gradient(m, N, p, self.positive)) for m in self.metrics]

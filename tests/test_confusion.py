@@ -1,0 +1,256 @@
+"""Recall, F1 and accuracy from one stratified sample of the whole stream (stats.confusion)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stratameter.stats import allocation, confusion, estimator
+
+# Two strata: 10 predicted positives (8 truly positive), 90 predicted negatives (9 truly positive).
+N = np.array([10.0, 90.0])
+P = np.array([0.8, 0.1])
+SIDE = np.array([True, False])
+
+
+def test_metric_values_hand_computed():
+    # TP 8, FP 2, FN 9, TN 81
+    assert confusion.value("precision", N, P, SIDE) == pytest.approx(8 / 10)
+    assert confusion.value("recall", N, P, SIDE) == pytest.approx(8 / 17)
+    assert confusion.value("f1", N, P, SIDE) == pytest.approx(16 / 27)
+    assert confusion.value("accuracy", N, P, SIDE) == pytest.approx(89 / 100)
+
+
+def test_undefined_metrics_are_nan():
+    nothing_positive = np.array([0.0, 0.0])
+    assert np.isnan(confusion.value("recall", N, nothing_positive, SIDE))
+    assert np.isnan(confusion.value("precision", np.array([0.0, 90.0]), P, SIDE))
+
+
+@pytest.mark.parametrize("metric", confusion.METRICS)
+def test_gradient_matches_finite_differences(metric):
+    N3 = np.array([40.0, 60.0, 900.0])
+    p = np.array([0.6, 0.9, 0.02])
+    side = np.array([True, True, False])
+    g = confusion.gradient(metric, N3, p, side)
+    eps = 1e-6
+    for k in range(3):
+        up, down = p.copy(), p.copy()
+        up[k] += eps
+        down[k] -= eps
+        numeric = (confusion.value(metric, N3, up, side) - confusion.value(metric, N3, down, side)) / (2 * eps)
+        assert g[k] == pytest.approx(numeric, rel=1e-5, abs=1e-9)
+
+
+def test_recall_gradient_hand_computed():
+    # TP 8, FN 9: dR/dp_pos = N_pos FN / 17^2, dR/dp_neg = -N_neg TP / 17^2
+    g = confusion.gradient("recall", N, P, SIDE)
+    assert g == pytest.approx([10 * 9 / 289, -90 * 8 / 289])
+
+
+def test_linearised_variance_hand_computed():
+    n, h = np.array([4, 10]), np.array([3, 1])
+    p = np.array([3.5 / 5, 1.5 / 11])  # half-label smoothed
+    var_p = p * (1 - p) / (n - 1)  # s^2 / n with s^2 = n/(n-1) p (1-p), no fpc
+    tp, fn = 10 * p[0], 90 * p[1]
+    g = np.array([10 * fn, -90 * tp]) / (tp + fn) ** 2
+    expected = float(np.sum(g * g * var_p))
+    assert confusion.linearised_variance("recall", N, n, h, SIDE, fpc=False) == pytest.approx(expected)
+    assert expected == pytest.approx(0.045286, rel=1e-4)
+
+
+def test_linear_metrics_use_the_precision_interval():
+    n, h = np.array([6, 12]), np.array([5, 2])
+    prec = confusion.metric_interval("precision", N, n, h, SIDE)
+    ref = estimator.wilson_interval(N[:1], n[:1], h[:1])
+    assert (prec.lower, prec.upper) == (ref.lower, ref.upper)
+    acc = confusion.metric_interval("accuracy", N, n, h, SIDE)
+    ref = estimator.wilson_interval(N, n, np.array([5, 10]))  # right: 5 TP, 10 TN
+    assert (acc.lower, acc.upper) == (ref.lower, ref.upper)
+
+
+@pytest.mark.parametrize("metric", ["recall", "f1"])
+def test_ratio_interval_never_collapses(metric):
+    # every positive-side label right, no false negative seen yet: the plug-in is 1
+    N3 = np.array([500.0, 500.0, 99_000.0])
+    side = np.array([True, True, False])
+    n, h = np.array([30, 30, 40]), np.array([30, 30, 0])
+    iv = confusion.metric_interval(metric, N3, n, h, side)
+    assert 0.0 < iv.lower < iv.upper <= 1.0
+    assert iv.upper - iv.lower > 0.01
+    assert np.isfinite(iv.stderr) and iv.stderr > 0
+
+
+def test_ratio_interval_needs_two_labels_per_stratum():
+    iv = confusion.metric_interval("recall", N, np.array([5, 1]), np.array([4, 0]), SIDE)
+    assert np.isnan(iv.lower) and np.isnan(iv.upper)
+
+
+def test_parse_metrics():
+    assert confusion.parse_metrics("recall, precision") == ("precision", "recall")
+    assert confusion.parse_metrics(["F1"]) == ("f1",)
+    with pytest.raises(ValueError, match="unknown metric 'recal'"):
+        confusion.parse_metrics("precision,recal")
+    with pytest.raises(ValueError, match="at least one metric"):
+        confusion.parse_metrics(" , ")
+    assert confusion.needs_negatives(("precision",)) is False
+    assert confusion.needs_negatives(("precision", "accuracy")) is True
+
+
+def test_allocation_scale_for_precision_alone_is_todays_allocation():
+    N4 = np.array([100.0, 300.0, 5000.0, 800.0])
+    side = np.array([True, True, False, False])
+    n, h = np.array([5, 9, 4, 6]), np.array([4, 8, 0, 1])
+    scale = confusion.allocation_scale(("precision",), N4, n, h, side)
+    assert scale[0] == pytest.approx(scale[1]) and scale[0] > 0
+    assert np.all(scale[2:] == 0)
+    # precision alone has no negative strata: the scale is a constant, today's allocation
+    q = np.array([0.7, 0.9])
+    today = allocation.allocate_opt_track(N4[:2], n[:2], h[:2], q, 8)
+    scaled = allocation.allocate_opt_track(N4[:2], n[:2], h[:2], q, 8, scale=scale[:2])
+    assert scaled.tolist() == today.tolist()
+
+
+def test_allocation_scale_weighs_the_widest_metric():
+    N4 = np.array([100.0, 300.0, 5000.0, 800.0])
+    side = np.array([True, True, False, False])
+    n, h = np.array([5, 9, 4, 6]), np.array([4, 8, 0, 1])
+    both = ("precision", "recall")
+    recall_only = confusion.allocation_scale(("recall",), N4, n, h, side)
+    mostly_recall = confusion.allocation_scale(both, N4, n, h, side, [np.array(1e-9), np.array(1.0)])
+    assert mostly_recall / mostly_recall[2] == pytest.approx(recall_only / recall_only[2], rel=1e-3)
+
+
+def _fixed_sample(metric, runs, seed):
+    """Coverage and centre of the interval at a fixed allocation (no stopping rule)."""
+    rng = np.random.default_rng(seed)
+    N4 = np.array([2_000.0, 2_000.0, 150_000.0, 46_000.0])
+    P4 = np.array([0.75, 0.97, 0.002, 0.03])  # false negatives rare far from the threshold
+    side = np.array([True, True, False, False])
+    n = np.array([100, 60, 600, 400])
+    h = rng.binomial(n, P4, size=(runs, 4))
+    truth = confusion.value(metric, N4, P4, side)
+    iv = confusion.metric_interval(metric, N4, n, h, side, fpc=False)
+    return iv, truth
+
+
+@pytest.mark.parametrize("metric", ["recall", "f1"])
+def test_ratio_interval_coverage_at_a_fixed_sample_with_rare_false_negatives(metric):
+    # 4000 runs: s.e. of a 0.95 coverage is 0.0034
+    iv, truth = _fixed_sample(metric, 4000, 11)
+    cover = np.mean((iv.lower <= truth) & (truth <= iv.upper))
+    assert 0.938 <= cover <= 0.99, (metric, cover, truth)
+    # the centre is shrunk toward 1/2 (Wilson) by far less than the half-width
+    assert abs(np.mean(iv.estimate) - truth) < 0.25 * np.mean(iv.halfwidth)
+    assert np.all(iv.upper - iv.lower > 0)
+
+
+@pytest.mark.parametrize("metric,population", [("recall", "moderation"), ("f1", "svm-two-sided"),
+                                               ("accuracy", "balanced"), ("recall", "abuse-rare-weak")])
+def test_default_design_coverage_at_stop(metric, population):
+    """The whole-stream online loop (stratification, allocation, stopping) on a
+    built-in population: 2000 runs at delta 0.05, coverage s.e. 0.005."""
+    from stratameter.simulate.engine import Protocol
+    from stratameter.simulate.whole import WholeDesign, max_labels, prepare_whole, run_whole_until_stop
+    from stratameter.simulate.whole_populations import whole_builtin
+
+    pop = whole_builtin(population)
+    design, protocol = WholeDesign(), Protocol(delta=0.05)
+    st = prepare_whole(pop, design, [metric])
+    r = run_whole_until_stop(st, design, [metric], protocol, 2000, 5, max_labels(pop, protocol))
+    truth = pop.truth(metric)
+    cover = np.mean((r.lower[metric] <= truth) & (truth <= r.upper[metric]))
+    in_conf = np.mean(np.abs(r.estimate[metric] - truth) <= protocol.delta)
+    assert r.stopped.all()
+    assert cover >= 0.935 and in_conf >= 0.935, (cover, in_conf)
+    assert abs(np.mean(r.estimate[metric]) - truth) < 0.01
+
+
+# ------------------------------------------------------------------ the stream design with a Target
+
+def test_precision_target_is_todays_stream_design():
+    from stratameter.stats import streams
+
+    rng = np.random.default_rng(4)
+    N = rng.integers(50, 5000, size=(30, 4)).astype(float)
+    n = rng.integers(2, 40, size=(30, 4))
+    h = rng.binomial(n, 0.7)
+    q = rng.random((30, 4))
+    t = confusion.Target.precision(4)
+    assert np.array_equal(streams.target_labels(N, n, h, q, 0.02, 0.95, True),
+                          streams.target_labels(N, n, h, q, 0.02, 0.95, True, target=t))
+    a = streams.chunk_interval(N, n, h, 0.95, True)
+    b = streams.chunk_interval(N, n, h, 0.95, True, target=t)
+    assert np.array_equal(a.lower, b.lower) and np.array_equal(a.upper, b.upper)
+    tau, final = np.zeros((30, 4)), N * 1.5
+    args = (N, n, h, q, tau, final, False, True, False, 0.02, 0.95, 8)
+    for x, y in zip(streams.plan_requests(*args, closed=True), streams.plan_requests(*args, closed=True, target=t)):
+        assert np.array_equal(x, y)
+
+
+def test_target_labels_reach_delta_on_the_linearised_variance():
+    """With the proportions known, n*_k = n* |g_k| S_k / sum |g| S makes
+    ``z^2 margin sum_k g_k^2 S_k^2 / n*_k = delta^2`` (Kumar & Raj Eq. 9-10 on the linearised variable)."""
+    from stratameter.stats import streams
+    from stratameter.stats.estimator import STOPPING_VARIANCE_MARGIN, z_value
+
+    N4 = np.array([3_000.0, 2_000.0, 60_000.0, 15_000.0])
+    side = np.array([True, True, False, False])
+    p = np.array([0.7, 0.95, 0.004, 0.05])
+    n = np.full(4, 10**9)  # pseudo-observations negligible: the spread is the labels'
+    h = np.round(n * p)
+    need = streams.target_labels(N4, n * 0, h * 0, p, 0.02, 0.95, target=confusion.Target(("recall",), side))
+    g = confusion.gradient("recall", N4, p, side)
+    # pseudo_smoothed with no labels is the prior q = p
+    v = np.sum(g * g * p * (1 - p) / need)
+    assert z_value(0.95) ** 2 * STOPPING_VARIANCE_MARGIN * v == pytest.approx(0.02**2, rel=1e-9)
+    assert need[2] > need[3] > 0  # the big near-zero stratum still needs labels
+
+
+def test_plan_requests_sends_labels_to_negative_strata_for_recall():
+    from stratameter.stats import streams
+
+    N4 = np.array([300.0, 200.0, 6000.0, 1500.0])
+    side = np.array([True, True, False, False])
+    n, h = np.array([10, 10, 10, 10]), np.array([7, 9, 0, 1])
+    q = np.array([0.7, 0.95, 0.01, 0.06])
+    args = (N4, n, h, q, np.full(4, 0.01), N4, False, True, False, 0.05, 0.95, 8)
+    _, want_p = streams.plan_requests(*args)
+    _, want_r = streams.plan_requests(*args, target=confusion.Target(("recall",), side))
+    assert want_r[2:].sum() > 0 and want_r.sum() >= 8
+    assert want_p.sum() >= 8
+    with pytest.raises(ValueError, match="need a metric"):
+        confusion.Target(("precision",), side)
+
+
+def test_widest_interval_is_the_widest_metric():
+    N4 = np.array([300.0, 200.0, 6000.0, 1500.0])
+    side = np.array([True, True, False, False])
+    n, h = np.array([10, 10, 10, 10]), np.array([7, 9, 0, 1])
+    t = confusion.Target(("precision", "recall", "accuracy"), side)
+    ivs = t.intervals(N4, n, h, 0.95, False)
+    widest = t.widest(N4, n, h, 0.95, False)
+    assert widest.halfwidth == pytest.approx(max(iv.halfwidth for iv in ivs.values()))
+    assert np.isnan(t.widest(N4, np.array([10, 1, 10, 10]), h.clip(0, 1), 0.95, False).halfwidth)
+
+
+def test_all_four_metrics_at_once_cover_and_cost_little_more_than_the_hardest():
+    """One sample for precision, recall, F1 and accuracy (moderation, delta 0.05, 2000 runs):
+    every metric's interval covers at the nominal rate, and the labels are within 25 % of
+    what the hardest metric (recall) needs alone."""
+    from stratameter.simulate.engine import Protocol
+    from stratameter.simulate.whole import WholeDesign, max_labels, prepare_whole, run_whole_until_stop
+    from stratameter.simulate.whole_populations import whole_builtin
+
+    pop, design, protocol = whole_builtin("moderation"), WholeDesign(), Protocol(delta=0.05)
+    every = confusion.METRICS
+    r = run_whole_until_stop(prepare_whole(pop, design, every), design, every, protocol, 2000, 7,
+                             max_labels(pop, protocol))
+    for m in every:
+        truth = pop.truth(m)
+        cover = np.mean((r.lower[m] <= truth) & (truth <= r.upper[m]))
+        assert cover >= 0.935, (m, cover)
+        assert np.all(r.upper[m] - r.lower[m] <= 2 * protocol.delta + 1e-12)
+    alone = run_whole_until_stop(prepare_whole(pop, design, ["recall"]), design, ["recall"], protocol, 500, 7,
+                                 max_labels(pop, protocol))
+    assert r.labels.mean() <= 1.25 * alone.labels.mean()
