@@ -19,6 +19,7 @@ import numpy as np
 
 from ..ingest.ingestor import provisional_cap
 from ..stats import stopping
+from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, Target, value
 from ..stats.calibration import resolve_kind, to_probability
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
@@ -69,6 +70,8 @@ class StreamSettings:
     stratification: str = "perc"
     labels_per_stratum: int = 2  # ROUND_LABELS_PER_STRATUM
     stop_rounds: int = stopping.DEFAULT_ROUNDS
+    metric: str = "precision"  # recall, f1, accuracy: a whole-stream population, strata on both sides
+    negative_strata: int = 4  # strata on the predicted negatives (recall, f1, accuracy)
     reservoir_size: int = 1024  # RESERVOIR_SIZE: provisional cap, and reported overflow (see `StreamResult`)
     step_seconds: float = 5.0  # the loop's step grid
     cap_seconds: float = 6 * 3600.0  # a run still sampling this long after its chunk closed is stopped
@@ -100,11 +103,18 @@ class Chunks:
     span: float
     count: np.ndarray  # (R,) items per run
     start: np.ndarray  # (R,) time the run's chunk gets its strata
-    cuts: list  # per run, the boundaries
-    truth: np.ndarray  # (R,) realised precision of the chunk
+    cuts: list  # per run, the boundaries (of the positive side)
+    truth: np.ndarray  # (R,) realised value of the metric in the chunk (precision by default)
+    positive: np.ndarray | None = None  # (K,) the side of each stratum; None: every stratum predicted positive
+    metric: str = "precision"
 
     def seg(self, runs, k) -> np.ndarray:
         return np.asarray(runs) * (self.K + 1) + np.asarray(k)
+
+    @property
+    def target(self) -> Target | None:
+        """What the design aims at (`stats.streams`): None for precision (today's design)."""
+        return None if self.positive is None else Target((self.metric,), self.positive)
 
 
 def arrival_times(scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.Generator):
@@ -138,15 +148,24 @@ def arrival_times(scenario: Scenario, s: StreamSettings, runs: int, rng: np.rand
     return t, count.astype(np.int64), M
 
 
-def draw(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.Generator) -> Chunks:
-    """R chunks: arrivals, a fresh sample of `pop`, strata, priorities, reviewer behaviour."""
-    K = int(s.strata)
+def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.Generator) -> Chunks:
+    """R chunks: arrivals, a fresh sample of `pop`, strata, priorities, reviewer behaviour.
+
+    `pop` is a `Population` of predicted positives, or for ``s.metric`` other
+    than precision a `WholeStream`: then the items are the whole stream, the
+    predicted positives get ``s.strata`` strata (ids 0..K-1) and the predicted
+    negatives ``s.negative_strata`` after them, each side cut on its own first
+    arrivals, and ``truth`` is the chunk's realised metric."""
+    whole = s.metric != "precision"
+    K = int(s.strata) + (int(s.negative_strata) if whole else 0)
     T = float(s.chunk_seconds)
     t, count, M = arrival_times(scenario, s, runs, rng)
     valid = np.isfinite(t)
     pick = rng.integers(0, pop.size, (runs, M))
     score = pop.scores[pick]
     y = pop.labels[pick].astype(np.int8)
+    if whole and scenario.drift > 0:
+        raise ValueError("the drift scenario lowers precision: it applies to --metric precision only")
     if scenario.drift > 0:
         if scenario.drift >= pop.truth:
             raise ValueError(f"a precision drop of {scenario.drift} needs a population precision above it, "
@@ -154,23 +173,18 @@ def draw(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, rng:
         late = valid & (t >= T / 2.0) & (y == 1)
         y[late & (rng.random((runs, M)) < scenario.drift / pop.truth)] = 0
     y[~valid] = 0
-    truth = y.sum(axis=1) / count
     kind = resolve_kind("auto", float(pop.scores.min()), float(pop.scores.max()))
     prob = to_probability(score, kind)
-    # strata of each run: boundaries on its first arrivals (the service's opening histogram)
-    cap = max(provisional_cap(K, s.reservoir_size), 1)
-    opening = np.minimum(count, cap)
-    cuts_pad = np.full((runs, max(K - 1, 0)), np.inf)
-    cuts = []
-    for r in range(runs):
-        c = boundaries(ScoreHistogram.from_scores(score[r, :opening[r]]), K, s.stratification)
-        cuts.append(c)
-        cuts_pad[r, :c.size] = c
-    stratum = np.zeros((runs, M), dtype=np.int8)
-    for j in range(cuts_pad.shape[1]):
-        stratum += score >= cuts_pad[:, j:j + 1]
-    stratum[~valid] = K
-    start = t[np.arange(runs), opening - 1]
+    if whole:
+        pred = pop.predicted_positive[pick]
+        truth = _realised(s.metric, y, pred, valid, s.strata)
+        stratum, cuts, start = _whole_strata(score, pred, t, valid, count, s)
+        positive = np.arange(K) < s.strata
+    else:
+        truth = y.sum(axis=1) / count
+        stratum, cuts, start = _side_strata(score, t, valid, count, K, s.stratification, s.reservoir_size)
+        stratum[~valid] = K
+        positive = None
     u = rng.integers(1, 2**32, (runs, M), dtype=np.uint32) / 2.0**32
     # layout: per run by (stratum, priority)
     order = np.argsort(stratum * 2.0 + u, axis=1, kind="stable")
@@ -193,7 +207,57 @@ def draw(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, rng:
     arr_key = (np.arange(runs)[:, None] * span + np.where(valid, t, T + 2.0)).ravel()
     return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
                   lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
-                  truth)
+                  truth, positive, s.metric)
+
+
+def _side_strata(score, t, on_side, count, k: int, method: str, reservoir_size: int):
+    """Per run, the strata of the items `on_side`: boundaries on the side's first
+    arrivals (the service's opening histogram, `provisional_cap` of them).
+    Returns the stratum of every item (0..k-1; meaningless off the side), the
+    cuts per run, and when each run's side got its strata (inf: never)."""
+    runs, M = score.shape
+    cap = max(provisional_cap(k, reservoir_size), 1)
+    cuts_pad = np.full((runs, max(k - 1, 0)), np.inf)
+    cuts, start = [], np.full(runs, np.inf)
+    for r in range(runs):
+        idx = np.flatnonzero(on_side[r])
+        if idx.size == 0:
+            cuts.append(np.empty(0))
+            continue
+        first = idx[:cap]
+        c = boundaries(ScoreHistogram.from_scores(score[r, first]), k, method)
+        cuts.append(c)
+        cuts_pad[r, :c.size] = c
+        start[r] = t[r, first[-1]]
+    stratum = np.zeros((runs, M), dtype=np.int8)
+    for j in range(cuts_pad.shape[1]):
+        stratum += score >= cuts_pad[:, j:j + 1]
+    return stratum, cuts, start
+
+
+def _whole_strata(score, pred, t, valid, count, s: StreamSettings):
+    """Strata on both sides: positives 0..K-1, negatives K..K+K'-1; padding K+K'.
+    A run's chunk has its strata once both sides have theirs (or once its
+    last item has arrived, for a side that never fills its opening)."""
+    k_pos, k_neg = int(s.strata), int(s.negative_strata)
+    pos_k, cuts, pos_start = _side_strata(score, t, valid & pred, count, k_pos, s.stratification, s.reservoir_size)
+    neg_k, _, neg_start = _side_strata(score, t, valid & ~pred, count, k_neg, DEFAULT_NEGATIVE_STRATIFICATION,
+                                       s.reservoir_size)
+    stratum = np.where(pred, pos_k, k_pos + neg_k).astype(np.int8)
+    stratum[~valid] = k_pos + k_neg
+    last = t[np.arange(t.shape[0]), count - 1]
+    start = np.minimum(np.maximum(np.where(np.isfinite(pos_start), pos_start, 0.0),
+                                  np.where(np.isfinite(neg_start), neg_start, 0.0)), last)
+    return stratum, cuts, start
+
+
+def _realised(metric: str, y, pred, valid, k_pos: int) -> np.ndarray:
+    """Per run, the chunk's own value of `metric` (the truth its interval is judged by)."""
+    N = np.stack([(valid & pred).sum(axis=1), (valid & ~pred).sum(axis=1)], axis=1).astype(float)
+    G = np.stack([((y == 1) & valid & pred).sum(axis=1), ((y == 1) & valid & ~pred).sum(axis=1)], axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(N > 0, G / np.maximum(N, 1.0), 0.0)
+    return value(metric, N, p, np.array([True, False]))
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

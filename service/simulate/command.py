@@ -11,10 +11,12 @@ import sys
 import numpy as np
 
 from ..stats.allocation import ALLOCATIONS
+from ..stats.confusion import METRICS
 from ..stats.strata import STRATIFICATIONS
 from .arrivals import SCENARIOS, StreamSettings
 from .engine import Protocol
 from .populations import BUILTIN, builtin, load
+from .whole_populations import WHOLE_BUILTIN, whole_builtin
 from .stream_study import StreamStudy
 from .study import StudyRequest, as_json, designs_for, run_study, summarise, summarise_budget
 
@@ -31,12 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "vs random at a fixed label count).",
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--builtin", default="calibrated", choices=list(BUILTIN),
-                     help="built-in synthetic population (default: calibrated)")
+    src.add_argument("--builtin", default=None, choices=list(BUILTIN) + list(WHOLE_BUILTIN),
+                     help="built-in synthetic population (default: calibrated; with --metric other than "
+                          "precision: moderation). Whole-stream populations (every item, a threshold): "
+                          + ", ".join(WHOLE_BUILTIN))
     src.add_argument("--population", metavar="FILE",
                      help="CSV or JSONL with columns score,label (label 0/1), predicted positives only "
                           "unless --threshold is given")
-    p.add_argument("--threshold", type=float, help="keep rows with score >= THRESHOLD")
+    p.add_argument("--threshold", type=float,
+                   help="predicted positive means score >= THRESHOLD (precision keeps only those rows; "
+                        "recall, F1 and accuracy keep every row)")
+    _add_metric_arguments(p)
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--delta", type=float, default=None,
                    help=f"target half-width (default {STATIC_DELTA}; {STREAM_DELTA} with --stream, the service's DELTA)")
@@ -79,6 +86,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--max-labels-per-hour", type=int, default=None,
                     help="hourly label budget, paced over the clock hour (default: no budget)")
     p.set_defaults(handler=main)
+
+
+def _add_metric_arguments(p: argparse.ArgumentParser) -> None:
+    """--metric and the predicted negatives' strata (`whole_command`)."""
+    p.add_argument("--metric", default="precision", choices=list(METRICS),
+                   help="what to estimate (default precision); recall, f1 and accuracy sample the whole stream")
+    p.add_argument("--negative-strata", type=int, default=4,
+                   help="strata on the predicted negatives for recall, f1 and accuracy (default 4)")
+    p.add_argument("--negative-stratifications", default=None,
+                   help=f"comma list of {','.join(STRATIFICATIONS)} or 'all' for the predicted negatives "
+                        "(default: the default design's)")
 
 
 def _list(value: str | None, universe, option: str) -> list[str] | None:
@@ -167,10 +185,22 @@ def _delay(value: str | None) -> tuple[float, float] | None:
 
 
 def main(args) -> int:
+    if args.metric != "precision":
+        from . import whole_command
+
+        return whole_command.main(args)
     try:
         _check(args)
         _check_stream(args)
-        pop = load(args.population, args.threshold) if args.population else builtin(args.builtin)
+        if args.negative_stratifications is not None or args.negative_strata != 4:
+            raise ValueError("--negative-strata and --negative-stratifications need --metric recall, f1 or accuracy")
+        name = args.builtin or "calibrated"
+        if args.population:
+            pop = load(args.population, args.threshold)
+        elif name in WHOLE_BUILTIN:  # its predicted positives at its own threshold
+            pop = whole_builtin(name).positives_only()
+        else:
+            pop = builtin(name)
         if args.threshold is not None and not args.population:
             keep = pop.scores >= args.threshold
             pop = type(pop)(pop.name, pop.scores[keep], pop.labels[keep], pop.description, pop.informative)
@@ -206,18 +236,21 @@ def main(args) -> int:
 def _main_stream(args, pop) -> int:
     from . import stream_study
 
+    metric = getattr(args, "metric", "precision")
     defaults = StreamSettings()
     settings = StreamSettings(
         delta=args.delta, confidence=args.confidence if args.confidence is not None else 1.0 - args.alpha,
         chunk_seconds=args.chunk_seconds or defaults.chunk_seconds, rate=args.rate or defaults.rate,
         lateness=defaults.lateness if args.lateness is None else args.lateness,
         max_labels_per_hour=args.max_labels_per_hour, review_delay=args.review_delay, skip_rate=args.skip_rate,
-        strata=args.strata,
+        strata=args.strata, metric=metric, negative_strata=args.negative_strata,
     )
     study = StreamStudy(pop, args.scenario, settings, args.runs, args.seed)
     try:
         for name in study.scenarios:  # fail fast on what a scenario cannot do with this population
-            if SCENARIOS[name].drift >= pop.truth:
+            if SCENARIOS[name].drift and metric != "precision":
+                raise ValueError(f"--scenario {name} lowers precision: it applies to --metric precision only")
+            if SCENARIOS[name].drift >= stream_study.population_truth(pop, metric):
                 raise ValueError(f"--scenario {name}: a precision drop of {SCENARIOS[name].drift} needs a "
                                  f"population precision above it; {pop.name} has {pop.truth:.3f}")
     except ValueError as exc:
@@ -244,9 +277,11 @@ def _print_stream_table(study: StreamStudy, static, rows) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from .stream_study import population_truth
+
     s, pop = study.settings, study.population
     budget = "no budget" if s.max_labels_per_hour is None else f"{s.max_labels_per_hour} labels/hour"
-    title = (f"{pop.name} (precision {pop.truth:.4f}) as a stream: {s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
+    title = (f"{pop.name} ({s.metric} {population_truth(pop, s.metric):.4f}) as a stream: {s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
              f"lateness {s.lateness:g} s, {budget}; delta={s.delta}, alpha={1 - s.confidence:.2g}, "
              f"runs={study.runs}; static design: {static.labels_mean:.0f} +- {static.labels_se:.0f} labels")
     t = Table(title=title)

@@ -242,7 +242,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             total = total_l[changed]
             final = streams.expected_final_size(total, first[rows], last[rows], now, end, T)
             N_final = Nr * (final / total)[:, None]
-            iv = streams.chunk_interval(Nr, nr, hr, s.confidence, closed)
+            iv = streams.chunk_interval(Nr, nr, hr, s.confidence, closed, c.target)
             hw = iv.halfwidth
             labels = nr.sum(axis=1)
             ready = pend[rows] == 0
@@ -258,7 +258,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 q[g] = np.where(N[g] > 0, qsum[g] / np.maximum(N[g], 1.0), 0.5)
                 q_size[g] = total[reread]
             tau_r, want = streams.plan_requests(Nr, nr, hr, q[rows], tau[rows], N_final, flowing, ready, converged,
-                                                s.delta, s.confidence, D, closed=closed)
+                                                s.delta, s.confidence, D, closed=closed, target=c.target)
             wr, wk = np.nonzero(want > 0)
             if wr.size:
                 tau_r[wr, wk] = raised_thresholds(c, rows[wr], wk, tau_r[wr, wk], m[rows[wr], wk], want[wr, wk], now)

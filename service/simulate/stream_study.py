@@ -10,11 +10,12 @@ from typing import Callable
 
 import numpy as np
 
-from . import engine
+from . import engine, whole
 from .arrivals import SCENARIOS, StreamSettings
 from .parallel import map_in_processes
 from .populations import Population
 from .stream import StreamResult, run_stream
+from .whole_populations import WholeStream
 
 
 @dataclass
@@ -78,13 +79,31 @@ class StaticSummary:
     runs: int
 
 
-def run_static(pop: Population, delta: float, confidence: float, runs: int, seed) -> StaticSummary:
+def run_static(pop, delta: float, confidence: float, runs: int, seed, metric: str = "precision") -> StaticSummary:
+    if metric != "precision":
+        return _run_static_whole(pop, metric, delta, confidence, runs, seed)
     design = engine.Design()
     st = engine.prepare(pop, design)
     r = engine.run_until_stop(st, design, engine.Protocol(delta=delta, confidence=confidence), runs, seed)
     return StaticSummary(design.method, design.stratification, float(r.labels.mean()),
                          float(r.labels.std(ddof=1) / math.sqrt(runs)),
                          float(np.mean(np.abs(r.estimate - pop.truth) <= delta)), runs)
+
+
+def _run_static_whole(pop: WholeStream, metric: str, delta: float, confidence: float, runs: int,
+                      seed) -> StaticSummary:
+    design = whole.WholeDesign()
+    protocol = engine.Protocol(delta=delta, confidence=confidence)
+    r = whole.run_whole_until_stop(whole.prepare_whole(pop, design, [metric]), design, [metric], protocol, runs,
+                                   seed, whole.max_labels(pop, protocol))
+    return StaticSummary(design.method, f"{design.stratification}+{design.negative_stratification}",
+                         float(r.labels.mean()), float(r.labels.std(ddof=1) / math.sqrt(runs)),
+                         float(np.mean(np.abs(r.estimate[metric] - pop.truth(metric)) <= delta)), runs)
+
+
+def population_truth(pop, metric: str) -> float:
+    """The population's value of the study's metric."""
+    return pop.truth(metric) if isinstance(pop, WholeStream) else pop.truth
 
 
 @dataclass
@@ -101,7 +120,7 @@ def _task(args):
     s = study.settings
     if what is None:
         return index, run_static(study.population, s.delta, s.confidence, study.runs,
-                                 np.random.SeedSequence([study.seed, 1000]))
+                                 np.random.SeedSequence([study.seed, 1000]), s.metric)
     seed = np.random.SeedSequence([study.seed, list(SCENARIOS).index(what)])
     return index, run_cell(study.population, what, s, study.runs, seed)
 
@@ -130,7 +149,8 @@ def as_json(study: StreamStudy, static: StaticSummary, rows: list[StreamSummary]
         "mode": "stream",
         "population": study.population.name,
         "size": study.population.size,
-        "truth": study.population.truth,
+        "metric": s.metric,
+        "truth": population_truth(study.population, s.metric),
         "delta": s.delta,
         "alpha": round(1.0 - s.confidence, 10),
         "confidence": s.confidence,

@@ -1,0 +1,115 @@
+"""`stratameter simulate --metric recall|f1|accuracy`: options, table and JSON of the whole-stream study."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..stats.allocation import ALLOCATIONS
+from ..stats.strata import STRATIFICATIONS
+from .command import STREAM_ONLY, _check, _check_stream, _list, _main_stream, _pct
+from .engine import Protocol
+from .whole_populations import WHOLE_BUILTIN, whole_builtin, whole_from_file
+from .whole_study import WholeStudyRequest, run_whole_study, summarise_whole, whole_designs, whole_json
+
+DEFAULT_POPULATION = "moderation"
+#: Options of the precision study that do not apply to the whole stream.
+PRECISION_ONLY = (("--budget", "budget"), ("--plot", "plot"), ("--without-replacement", "without_replacement"))
+
+
+def _population(args):
+    if args.population:
+        if args.threshold is None and args.metric != "accuracy":
+            raise ValueError(f"--metric {args.metric} with --population needs --threshold (predicted positive "
+                             "means score >= THRESHOLD)")
+        if args.threshold is None:  # the multi-class recipe: every record predicted, label = it was right
+            from .populations import load
+            from .whole_populations import WholeStream
+
+            pop = load(args.population)
+            return WholeStream(pop.name, pop.scores, pop.labels, None, pop.description)
+        return whole_from_file(args.population, args.threshold)
+    name = args.builtin or DEFAULT_POPULATION
+    if name not in WHOLE_BUILTIN:
+        raise ValueError(f"--metric {args.metric} needs a whole-stream population: --builtin one of "
+                         f"{', '.join(WHOLE_BUILTIN)}, or --population FILE --threshold T")
+    if args.threshold is not None:
+        raise ValueError("--threshold applies to --population; a built-in population has its own")
+    return whole_builtin(name)
+
+
+def _defined(args):
+    """The population, checked to define the metric."""
+    pop = _population(args)
+    if args.metric not in pop.metrics_defined():
+        raise ValueError(f"--metric {args.metric} is not defined on {pop.name}; it has "
+                         f"{', '.join(pop.metrics_defined())}")
+    return pop
+
+
+def _request(args) -> WholeStudyRequest:
+    _check(args)
+    for option, attr in PRECISION_ONLY:
+        if getattr(args, attr):
+            raise ValueError(f"{option} applies to --metric precision only")
+    for name in STREAM_ONLY:
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} applies to --metric precision with --stream only")
+    if args.interval != "wilson":
+        raise ValueError("--interval applies to --metric precision only (recall and F1 use the linearised Wilson)")
+    if args.negative_strata < 1:
+        raise ValueError("--negative-strata must be >= 1")
+    pop = _defined(args)
+    designs = whole_designs(_list(args.methods, ALLOCATIONS, "--methods"),
+                            _list(args.stratifications, STRATIFICATIONS, "--stratifications"),
+                            _list(args.negative_stratifications, STRATIFICATIONS, "--negative-stratifications"),
+                            args.strata, args.negative_strata)
+    protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha)
+    return WholeStudyRequest(pop, args.metric, designs, protocol, args.runs, args.seed)
+
+
+def main(args) -> int:
+    try:
+        if args.stream:  # the service's stream design over a chunk of the whole stream
+            _check(args)
+            _check_stream(args)
+            if args.negative_strata < 1:
+                raise ValueError("--negative-strata must be >= 1")
+            if args.negative_stratifications is not None:
+                raise ValueError("--negative-stratifications does not apply with --stream (the default design)")
+            pop = _defined(args)
+        else:
+            req = _request(args)
+    except ValueError as exc:
+        print(f"stratameter simulate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.stream:
+        return _main_stream(args, pop)
+    results = run_whole_study(req, workers=args.workers)
+    rows = summarise_whole(req, results)
+    if args.json:
+        print(json.dumps(whole_json(req, rows)))
+    else:
+        _print_table(req, rows)
+    return 0
+
+
+def _print_table(req: WholeStudyRequest, rows) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    pop = req.population
+    threshold = "all predicted positive" if pop.threshold is None else f"threshold {pop.threshold:g}"
+    title = (f"{pop.name}: {pop.size} items, prevalence {pop.prevalence:.4f}, {threshold}, "
+             f"{req.metric} {pop.truth(req.metric):.4f}; delta={req.protocol.delta}, "
+             f"alpha={1 - req.protocol.confidence:.2g}, runs={req.runs}")
+    t = Table(title=title)
+    for col in ("method", "strata (pos+neg)", "labels +- se", "InConf", "cover", "%Change", "%Oracle"):
+        t.add_column(col, justify="left" if col.startswith(("method", "strata")) else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}", f"{r.in_conf:.3f}",
+                  f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}", _pct(r.pct_oracle))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)
+    console.print(t)
