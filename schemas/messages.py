@@ -268,7 +268,11 @@ class LabelRequest(_Message):
     classifier_id: ClassifierId
     item_id: ItemId
     score: FiniteNumber
-    stratum: StrictInt = Field(ge=0, description="score stratum, 0 = lowest scores")
+    stratum: StrictInt = Field(ge=0, description="score stratum: 0..K-1 the predicted positives (0 = lowest "
+                               "scores), K.. the predicted negatives (recall, F1, accuracy)")
+    predicted_positive: StrictBool = Field(
+        default=True, description="the classifier's decision on the item; the label says what the item truly "
+                                  "is, whatever the prediction")
     requested_at: UtcTime
     expires_at: UtcTime = Field(description="labels arriving later are rejected as `expired`")
     context: Context = Field(description="the score record's context, or null")

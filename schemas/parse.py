@@ -673,6 +673,7 @@ def label_request_bytes(
     requested_at: datetime | float,
     expires_at: datetime | float,
     context: str | bytes | Mapping[str, Any] | None = None,
+    predicted_positive: bool = True,
 ) -> bytes:
     """Serialize a `stratameter.schemas.messages.LabelRequest` value (produce it with key = classifier_id).
 
@@ -697,6 +698,7 @@ def label_request_bytes(
         "item_id": item_id,
         "score": score,
         "stratum": int(stratum),
+        "predicted_positive": bool(predicted_positive),
         "requested_at": _time_str(requested_at),
         "expires_at": _time_str(expires_at),
         "context": context,

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 
 from stratameter.api.client import http_get, http_json  # noqa: F401 - the tests' HTTP client
 from stratameter.config import load_settings
+from stratameter.state.keys import NEGATIVES_SUFFIX
 from stratameter.embedded import answer_label_requests, create_topics, find_free_port, group_consumer, start_group_consumer
 
 
@@ -203,7 +204,9 @@ class Workload:
         for cid, doc in docs.items():
             assert doc["scores"] == per_classifier, (cid, doc["scores"])
             assert doc["population"] == per_classifier
-            mine = [label for rid, label in self.answered.items() if rid.startswith(cid + "/")]
+            # the requests of its predicted negatives' state (`<cid>~negatives/...`) are the classifier's too
+            mine = [label for rid, label in self.answered.items()
+                    if rid.partition("/")[0] in (cid, cid + NEGATIVES_SUFFIX)]
             folded = doc["labels_by_outcome"]["accepted"]
             assert folded == sum(label is not None for label in mine), (cid, folded)
             assert doc["labels_by_outcome"]["skipped"] == sum(label is None for label in mine)

@@ -43,6 +43,19 @@ async def test_bench_counts_every_record_and_reports_the_json_shape(kafka_bootst
     assert doc["redis_bytes_per_classifier"] == snaps[-1]["bytes_per_classifier"]
 
 
+async def test_bench_with_every_metric_counts_every_record_once(kafka_bootstrap, redis_url):
+    """`--all-metrics`: the second ingest keeps both sides of the threshold and still counts each
+    record once; the rate is reported against precision alone in the same run."""
+    result = await run_bench(kafka_bootstrap, redis_url, records=3000, classifiers=2, partitions=2, memory_at=[],
+                             all_metrics=True)
+    doc = result.as_json()
+    assert doc["records_counted"] == 3000 and doc["service_all_metrics_records_per_s"] > 0
+    assert doc["all_metrics_vs_precision"] == pytest.approx(
+        doc["service_all_metrics_records_per_s"] / doc["service_records_per_s"], rel=1e-2, abs=5e-4)
+    # the negatives' strata and reservoirs live under the classifier's keys: more bytes
+    assert doc["redis_bytes_per_classifier_all_metrics"] > doc["redis_bytes_per_classifier"]
+
+
 def test_bench_rejects_a_bad_record_count(capsys):
     with pytest.raises(SystemExit):
         from stratameter.cli import main
@@ -107,7 +120,7 @@ def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
     import argparse
 
     args = argparse.Namespace(records=600, classifiers=2, partitions=1, kafka=kafka_bootstrap, redis=redis_url,
-                              seed=0, json=True)
+                              seed=0, json=True, all_metrics=False)
     assert bench_main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1

@@ -397,7 +397,8 @@ def test_overrides_file_errors(tmp_path):
 def test_overridable_keys_match_the_model():
     assert set(OVERRIDABLE) < set(ClassifierConfig.model_fields)
     assert set(OVERRIDABLE) == {"threshold", "delta", "confidence", "strata", "stratification", "allocation",
-                                "max_labels_per_hour", "label_timeout_seconds", "score_kind"}
+                                "max_labels_per_hour", "label_timeout_seconds", "score_kind", "metrics",
+                                "negative_strata"}
 
 
 def test_per_classifier_settings_are_derived_from_the_declarations():
@@ -410,3 +411,19 @@ def test_per_classifier_settings_are_derived_from_the_declarations():
                                                                   declared.metadata), name
     assert set(PER_CLASSIFIER) >= {"chunk_seconds", "reservoir_size", "history_chunks", "allowed_lateness_seconds"}
     assert FILE_SECRETS == ("kafka_sasl_username", "kafka_sasl_password", "redis_username", "redis_password")
+
+
+def test_metrics_setting_is_checked_and_canonical(tmp_path):
+    err = error_of({P + "METRICS": "precision,recal"})
+    assert str(err).startswith(P + "METRICS: unknown metric 'recal'")
+    err = error_of({P + "METRICS": " , "})
+    assert P + "METRICS" in str(err)
+    s = load_settings({P + "METRICS": "F1, recall,recall"})
+    assert s.metrics == "recall,f1" and s.samples_negatives("any")
+    assert not load_settings({}).samples_negatives("any")
+    s = load_settings(overrides(tmp_path, {"fraud": {"metrics": "precision,recall", "negative_strata": 6}}))
+    assert s.for_classifier("fraud").metrics == "precision,recall" and s.samples_negatives("fraud")
+    neg = s.for_classifier("fraud~negatives")
+    assert (neg.strata, neg.stratification, neg.metrics) == (6, "cum_sqrt_f", "precision,recall")
+    err = error_of(overrides(tmp_path, {"fraud": {"metrics": "roc"}}))
+    assert "fraud.metrics" in str(err) and "unknown metric 'roc'" in str(err)

@@ -305,6 +305,39 @@ def test_promtool_unit_tests_precision_slo_overrides(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_promtool_unit_tests_recall_slo(tmp_path):
+    """A recall SLO fires only for classifiers that export recall (STRATAMETER_METRICS), with overrides."""
+    promtool = _need("promtool", PROMTOOL_HOW)
+    values = {"prometheusRule": {"enabled": True, "recallSLO": {"default": 0.5, "perClassifier": {"b": 0.7}}}}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render(values))))
+    series = [  # a: 0.45 < 0.5 fires; b: 0.65 < override 0.7 fires; c: 0.55 silent; d exports no recall
+        *({"series": f'stratameter_recall_ci_upper_ratio{{classifier="{c}",instance="p1",job="sm"}}',
+           "values": f"{v}x40"} for c, v in (("a", 0.45), ("b", 0.65), ("c", 0.55))),
+        *({"series": f'stratameter_recall_ratio{{classifier="{c}",instance="p1",job="sm"}}',
+           "values": "0.4x40"} for c in "abc"),
+        *({"series": f'stratameter_scores_total{{classifier="{c}",instance="p1",job="sm"}}',
+           "values": "0+100x40"} for c in "abcd"),
+    ]
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": "stratameter:recall_slo:ratio", "eval_time": "5m", "exp_samples": [
+            {"labels": 'stratameter:recall_slo:ratio{classifier="a"}', "value": 0.5},
+            {"labels": 'stratameter:recall_slo:ratio{classifier="b"}', "value": 0.7},
+            {"labels": 'stratameter:recall_slo:ratio{classifier="c"}', "value": 0.5}]}],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "StratameterRecallBelowSLO", "exp_alerts": [
+            {"exp_labels": {"severity": "critical", "classifier": c},
+             "exp_annotations": {"summary": f"Recall of {c} is below its SLO",
+                                 "description": f"The upper bound of the recall confidence interval of {c} is {p}, "
+                                                "below its SLO (stratameter:recall_slo:ratio): the classifier is "
+                                                "confidently worse than its target."}}
+            for c, p in (("a", "45%"), ("b", "65%"))]}],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 # --------------------------------------------------------------------------- PromQL names
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
@@ -426,18 +459,19 @@ class LiveService:
             "STRATAMETER_HTTP_HOST": "127.0.0.1",
             "STRATAMETER_HTTP_PORT": str(self.port),
             "STRATAMETER_DELTA": "0.1",
+            "STRATAMETER_THRESHOLD": "0.75",  # the scores lie in 0.5-1: about half are predicted negatives
+            "STRATAMETER_METRICS": "precision,recall,f1,accuracy",
             "STRATAMETER_MAX_LABELS_PER_HOUR": "5000",
             "STRATAMETER_KAFKA_SESSION_TIMEOUT_MS": "6000",
         })
-        pop = builtin("calibrated", size=ITEMS)
+        pop = builtin("steep", size=ITEMS)  # scores uniform on 0.5-1: half of them predicted negative
         truth = {f"{CID}-{i}": bool(y) for i, y in enumerate(pop.labels)}
         producer = AIOKafkaProducer(bootstrap_servers=self.kafka, enable_idempotence=False)
         await producer.start()
         now_ms = int(time.time() * 1000)
         for i, s in enumerate(pop.scores):
             await producer.send(topics["scores"], key=CID.encode(), value=orjson.dumps(
-                {"classifier_id": CID, "item_id": f"{CID}-{i}", "score": float(s), "predicted_positive": True,
-                 "event_time": now_ms}))
+                {"classifier_id": CID, "item_id": f"{CID}-{i}", "score": float(s), "event_time": now_ms}))
         await producer.send(topics["scores"], key=b"x", value=b"{not json")  # -> invalid_messages_total
         await producer.flush()
 
@@ -466,6 +500,7 @@ class LiveService:
             while not self.ready.is_set():
                 text = (await render(service)).decode()
                 if f'stratameter_precision_ratio{{classifier="{CID}"}}' in text and \
+                        f'stratameter_recall_ratio{{classifier="{CID}"}}' in text and \
                         "stratameter_consumer_lag_records{" in text:
                     self.ready.set()
                 await asyncio.sleep(0.3)
@@ -527,7 +562,8 @@ def test_dashboard_and_rules_name_only_exported_metrics(live):
                      "stratameter_precision_ci_upper_ratio", "stratameter_label_requests_total",
                      "stratameter_labels_total", "stratameter_labels_pending", "stratameter_stratum_items",
                      "stratameter_stratum_upper_score", "stratameter_consumer_lag_records",
-                     "stratameter_invalid_messages_total"):
+                     "stratameter_invalid_messages_total", "stratameter_recall_ratio", "stratameter_f1_ci_upper_ratio",
+                     "stratameter_accuracy_ci_lower_ratio"):
         assert required in everything, required
     # the rules: every selected metric is exported, recorded by the rules themselves, or Prometheus' `up`
     groups = _rule_groups(_render(_full_values()))["groups"]

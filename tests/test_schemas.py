@@ -741,9 +741,13 @@ def test_label_request_bytes():
     assert ctx in raw  # embedded as is
     doc = orjson.loads(raw)
     assert doc == {"request_id": "fraud-v3/tok", "classifier_id": "fraud-v3", "item_id": "txn-1", "score": 0.93,
-                   "stratum": 2, "requested_at": "2024-06-10T08:13:20.000Z",
+                   "stratum": 2, "predicted_positive": True, "requested_at": "2024-06-10T08:13:20.000Z",
                    "expires_at": "2024-06-11T08:13:20.000Z", "context": {"country": "DE", "amount": 12.5}}
     LabelRequest.model_validate_json(raw)
+    # a predicted negative (recall, F1, accuracy): its strata come after the positives'
+    negative = LabelRequest.model_validate_json(label_request_bytes("c~negatives/t", "c", "i", 0.1, 5, 0, 1, None,
+                                                                    predicted_positive=False))
+    assert negative.predicted_positive is False and negative.stratum == 5
     raw = label_request_bytes("r", "c", "i", 1, 0, datetime(2024, 6, 10, 10, 13, 20, tzinfo=timezone(timedelta(hours=2))),
                               datetime(2024, 6, 10, 8, 13, 21), None)
     doc = LabelRequest.model_validate_json(raw)

@@ -41,15 +41,7 @@ async def test_one_instance_sigkilled_mid_ingest_and_mid_labelling(kafka_bootstr
     await work.produce(producer, classifiers, per, BAD)
     reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
     try:
-        service.start()
-        total = len(classifiers) * per
-        await wait_for(lambda: _between(scores_counted(port, classifiers), 0, total), 60, "partial ingest")
-        service.kill9()
-        service.start()
-        await wait_for(lambda: _at_least(labels_folded(port, classifiers), 6), 90, "labels being folded")
-        service.kill9()
-        service.start()
-        docs = await wait_for(lambda: converged(port, classifiers), 120, "convergence after restarts")
+        docs = await _killed_twice_then_converged(service, port, classifiers, len(classifiers) * per, 120)
         started = time.monotonic()
         assert service.terminate() == 0, "SIGTERM must close cleanly"
         assert time.monotonic() - started < 10, "SIGTERM must close within a few seconds"
@@ -64,6 +56,35 @@ async def test_one_instance_sigkilled_mid_ingest_and_mid_labelling(kafka_bootstr
     originals = {base64.b64decode(d["original"]) for d in dead if d["topic"] == work.topics["scores"]}
     assert set(BAD) <= originals  # dead letters are at-least-once: a replay may repeat one
     assert all(d["reason"] and d["detail"] and isinstance(d["offset"], int) for d in dead)
+
+
+async def test_sigkilled_while_sampling_predicted_negatives(kafka_bootstrap, redis_url, unique_name, tmp_path):
+    """With recall, F1 and accuracy the same records go to two states (both sides of the
+    threshold); kills mid-ingest and mid-labelling replay batches with negatives and nothing is
+    counted twice on either side."""
+    classifiers, per = ("delta",), 20000
+    work = await _workload(kafka_bootstrap, redis_url, unique_name, 3)
+    port = find_free_port()
+    settings = {**SETTINGS, "THRESHOLD": "0.75", "METRICS": "precision,recall,f1,accuracy"}
+    service = ServiceProcess(work.env(port, "solo", **settings), port, str(tmp_path / "service.log"))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
+    await producer.start()
+    await work.produce(producer, classifiers, per)
+    reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
+    try:
+        docs = await _killed_twice_then_converged(service, port, classifiers, per, 150)
+    finally:
+        reviewer.cancel()
+        await asyncio.gather(reviewer, return_exceptions=True)
+        if service.alive:
+            service.kill9()
+    await producer.stop()
+    work.assert_exact(docs, per)
+    doc = docs["delta"]
+    negatives = [s for s in doc["strata"] if s["side"] == "negative"]
+    assert negatives and sum(s["labels"] for s in negatives) > 0
+    assert sum(s["items"] for s in doc["strata"]) == per  # each record on exactly one side, once
+    assert all(doc["metrics"][m]["estimate"] is not None for m in ("recall", "f1", "accuracy"))
 
 
 @pytest.mark.parametrize("instances", [2, 3])
@@ -111,6 +132,19 @@ async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bo
                 p.kill9()
         await producer.stop()
     work.assert_exact(docs, per)
+
+
+async def _killed_twice_then_converged(service, port: int, classifiers, total: int, timeout: float) -> dict:
+    """Start; kill -9 mid-ingest (some but not all of `total` scores counted); restart; kill -9
+    once labels are being folded; restart; the converged documents."""
+    service.start()
+    await wait_for(lambda: _between(scores_counted(port, classifiers), 0, total), 60, "partial ingest")
+    service.kill9()
+    service.start()
+    await wait_for(lambda: _at_least(labels_folded(port, classifiers), 6), 90, "labels being folded")
+    service.kill9()
+    service.start()
+    return await wait_for(lambda: converged(port, classifiers), timeout, "convergence after restarts")
 
 
 async def _between(value, lo: int, hi: int) -> bool:

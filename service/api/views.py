@@ -10,8 +10,10 @@ import numpy as np
 
 from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 
+from ..state.keys import negatives_of
 from ..state.store import ChunkState, Store
-from ..stats import streams
+from ..stats import confusion, streams
+from ..stats.confusion import needs_negatives
 
 
 def _iso(seconds: float) -> str:
@@ -23,23 +25,25 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def chunk_view(cs: ChunkState, cfg, now_s: float) -> dict:
+def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None = None) -> dict:
     """Figures of one chunk.  The estimate and interval stay null until every
     non-empty stratum has the two labels an honest variance needs.  An open
     chunk's interval has no finite population correction (its population is
-    still growing); a closed chunk's has, with the chunk's final size."""
+    still growing); a closed chunk's has, with the chunk's final size.
+
+    The top-level estimate is precision's (from the predicted positives, as far
+    as they are sampled); ``metrics`` holds every enabled metric's interval, from
+    both sides' strata when the classifier samples its predicted negatives
+    (`negatives`, whose strata are listed after the positives' with ids from K)."""
     chunk_seconds = cfg.chunk_seconds
     closed = bool(streams.is_closed(now_s, (cs.chunk + 1) * chunk_seconds, _lateness(cfg)))
     iv = streams.chunk_interval(cs.N, cs.n, cs.h, cfg.confidence, closed) if cs.N.sum() else None
-    lower_edges = np.concatenate([[cs.min], cs.cuts])
-    upper_edges = np.concatenate([cs.cuts, [cs.max]])
-    strata = []
-    for k in range(cs.strata):
-        strata.append({
-            "stratum": k, "lower_score": _num(lower_edges[k]), "upper_score": _num(upper_edges[k]),
-            "items": int(cs.N[k]), "labels": int(cs.n[k]), "positives": int(cs.h[k]),
-            "precision": float(cs.h[k] / cs.n[k]) if cs.n[k] else None,
-        })
+    metric_names = cfg.metrics.split(",")
+    sides = [(cs, 0, "positive")] + ([(negatives, cfg.strata, "negative")] if negatives is not None else [])
+    if cs.N.sum() == 0 and negatives is not None:
+        sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
+    strata = [row for side, first, name in sides for row in _strata(side, first, name)]
+    metrics = _metrics(sides, metric_names, cfg.confidence, closed)
     ok = iv is not None and iv.lower == iv.lower  # not NaN
     return {
         "chunk": {"start": _iso(cs.chunk * chunk_seconds), "end": _iso((cs.chunk + 1) * chunk_seconds)},
@@ -47,25 +51,55 @@ def chunk_view(cs: ChunkState, cfg, now_s: float) -> dict:
         "ci_lower": _num(iv.lower) if ok else None,
         "ci_upper": _num(iv.upper) if ok else None,
         "stderr": _num(iv.stderr) if ok else None,
-        "labels": int(cs.n.sum()),
-        "population": int(cs.N.sum()),
-        "rounds": cs.round,
-        "status": _status(cs, iv, cfg.delta),
+        "metrics": metrics,
+        "labels": sum(int(side.n.sum()) for side, _, _ in sides),
+        "population": sum(int(side.N.sum()) for side, _, _ in sides),
+        "rounds": max(side.round for side, _, _ in sides),
+        "status": _status(cs if cs.N.sum() else negatives, metrics, cfg.delta),
         "closed": closed,
         "strata": strata,
     }
+
+
+def _strata(cs: ChunkState, first: int, side: str) -> list[dict]:
+    """The listing of one side's strata (stratum ids from `first`)."""
+    lower_edges = np.concatenate([[cs.min], cs.cuts])
+    upper_edges = np.concatenate([cs.cuts, [cs.max]])
+    return [{
+        "stratum": first + k, "side": side, "lower_score": _num(lower_edges[k]), "upper_score": _num(upper_edges[k]),
+        "items": int(cs.N[k]), "labels": int(cs.n[k]), "positives": int(cs.h[k]),
+        "precision": float(cs.h[k] / cs.n[k]) if cs.n[k] else None,
+    } for k in range(cs.strata)]
+
+
+def _metrics(sides: list, names: list[str], confidence: float, closed: bool) -> dict:
+    """``{metric: {estimate, ci_lower, ci_upper, stderr}}`` (nulls until every non-empty stratum has two labels)."""
+    N, n, h = (np.concatenate([getattr(side, c) for side, _, _ in sides]) for c in ("N", "n", "h"))
+    positive = np.concatenate([np.full(side.strata, name == "positive") for side, _, name in sides])
+    out = {}
+    for m in names:
+        if N.sum() == 0 or (m == "precision" and not N[positive].sum()):
+            iv = None
+        else:
+            iv = confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed)
+        ok = iv is not None and np.isfinite(iv.lower) and np.isfinite(iv.upper)
+        out[m] = {"estimate": _num(iv.estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
+                  "ci_upper": _num(iv.upper) if ok else None, "stderr": _num(iv.stderr) if ok else None}
+    return out
 
 
 def _lateness(cfg) -> float:
     return float(getattr(cfg, "allowed_lateness_seconds", 300))
 
 
-def _status(cs: ChunkState, iv, delta: float) -> str:
-    """The loop's status, but never `converged` while the reported interval is wider than delta
-    (the loop may not have run since the population grew or the chunk closed)."""
-    if cs.status != "converged":
-        return cs.status
-    return "converged" if iv is not None and float(iv.halfwidth) <= delta else "open"
+def _status(lead: ChunkState, metrics: dict, delta: float) -> str:
+    """The loop's status, but never `converged` while an enabled metric's interval is wider than
+    delta (the loop may not have run since the population grew or the chunk closed)."""
+    if lead.status != "converged":
+        return lead.status
+    narrow = all(m["ci_lower"] is not None and (m["ci_upper"] - m["ci_lower"]) / 2 <= delta
+                 for m in metrics.values())
+    return "converged" if narrow else "open"
 
 
 def reported_chunk(chunks: list[dict], starts: list[float], now_s: float) -> dict | None:
@@ -85,10 +119,18 @@ async def classifier_view(store: Store, cid: str, cfg) -> dict | None:
     if not summary["meta"]:
         return None
     now_s = time.time()
-    ids = await store.chunk_ids(cid)
-    states = await store.chunks(cid, ids)
-    chunks = [chunk_view(c, cfg, now_s) for c in states]
-    reported = reported_chunk(chunks, [c.chunk * cfg.chunk_seconds for c in states], now_s)
+    sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
+    found = []
+    for sid in sides:
+        found.append({c.chunk: c for c in await store.chunks(sid, await store.chunk_ids(sid))})
+    ids = sorted(set().union(*found))
+    chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
+                         found[1].get(t) if len(found) > 1 else None) for t in ids]
+    reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in ids], now_s)
+    if len(sides) > 1:  # the negatives' requests and answers count as the classifier's
+        other = await store.classifier_summary(sides[1])
+        summary["pending"] += other["pending"]
+        summary["counters"] = _summed(summary["counters"], other["counters"])
     counters = summary["counters"]
     doc = {
         "classifier_id": cid,
@@ -103,11 +145,39 @@ async def classifier_view(store: Store, cid: str, cfg) -> dict | None:
     }
     base = reported or {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None, "labels": 0,
                         "population": 0, "chunk": None, "strata": [], "rounds": 0, "status": "open", "closed": False}
-    doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "labels", "population", "chunk",
-                                     "strata", "rounds", "status", "closed")})
-    issued = await store.issued_this_hour(cid, int(now_s * 1000))
+    base.setdefault("metrics", {m: {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None}
+                                for m in cfg.metrics.split(",")})
+    doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "metrics", "labels",
+                                     "population", "chunk", "strata", "rounds", "status", "closed")})
+    issued = sum([await store.issued_this_hour(sid, int(now_s * 1000)) for sid in sides])
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,
                                                                         int(now_s) % 3600)) - issued)
     doc["history"] = [c for c in chunks if c is not reported]
     return doc
+
+
+async def last_label_ms(store: Store, cid: str, cfg) -> int:
+    """When the classifier's last label was folded (epoch ms, 0 if never), either side."""
+    sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
+    return max([int((await store.classifier_summary(sid))["counters"].get("last_label_ms", 0)) for sid in sides])
+
+
+def _lead(positives: ChunkState | None, negatives: ChunkState | None, cfg, t: int) -> ChunkState:
+    """The chunk's state of the predicted positives; an empty one (the configured K strata
+    with no item) when only predicted negatives have arrived in the chunk."""
+    if positives is not None:
+        return positives
+    return ChunkState(t, np.full(max(cfg.strata - 1, 0), np.nan), *(np.zeros(cfg.strata) for _ in range(3)),
+                      status=negatives.status if negatives is not None else "open")
+
+
+def _summed(a: dict, b: dict) -> dict:
+    """Two counter hashes added (``last_label_ms``: the later)."""
+    out = dict(a)
+    for k, v in b.items():
+        if k == "last_label_ms":
+            out[k] = str(max(int(v), int(a.get(k, 0))))
+        else:
+            out[k] = str(int(a.get(k, 0)) + int(v))
+    return out

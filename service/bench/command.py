@@ -35,6 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kafka", metavar="HOST:PORT", help="use these bootstrap servers instead of an embedded broker")
     p.add_argument("--redis", metavar="URL", help="use this Redis instead of an embedded one (redis://...)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--all-metrics", action="store_true",
+                   help="also run the service's ingest with STRATAMETER_METRICS=precision,recall,f1,accuracy "
+                        "(the predicted negatives kept too) and report its rate against precision alone")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(handler=main)
 
@@ -48,7 +51,7 @@ def main(args) -> int:
 
     try:
         result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
-                       seed=args.seed, log=log)
+                       seed=args.seed, log=log, all_metrics=args.all_metrics)
     except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
         print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -75,6 +78,8 @@ def _table(doc: dict) -> None:
         ("bare aiokafka, raw", doc["raw_consume_records_per_s"], doc["raw_seconds"]),
         ("bare aiokafka + orjson.loads", dec, doc["decode_seconds"]),
         ("service: Kafka -> Redis state", doc["service_records_per_s"], doc["service_seconds"]),
+        *((("service, every metric (both sides)", doc["service_all_metrics_records_per_s"],
+            doc["records"] / doc["service_all_metrics_records_per_s"]),) if "all_metrics_vs_precision" in doc else ()),
     ):
         t.add_row(name, f"{rate:,}", f"{secs:.2f}", f"{rate / dec:.2f}")
     console = Console()

@@ -58,6 +58,10 @@ class BenchResult:
     records_counted: int
     produce_seconds: float
     memory: list[dict] = field(default_factory=list)  # [{"records", "bytes_per_classifier"}], in order
+    # with `all_metrics`: the same ingest with STRATAMETER_METRICS=precision,recall,f1,accuracy (both
+    # sides of the threshold kept), in the same run
+    service_all_metrics_records_per_s: float | None = None
+    redis_bytes_per_classifier_all_metrics: int | None = None
 
     @property
     def ratio(self) -> float:
@@ -81,6 +85,11 @@ class BenchResult:
             "service_join_seconds": round(self.service_join_seconds, 3),
             "produce_seconds": round(self.produce_seconds, 3),
             "redis_bytes_per_classifier_at": self.memory,
+            **({} if self.service_all_metrics_records_per_s is None else {
+                "service_all_metrics_records_per_s": round(self.service_all_metrics_records_per_s),
+                "all_metrics_vs_precision": round(self.service_all_metrics_records_per_s
+                                                  / self.service_records_per_s, 3),
+                "redis_bytes_per_classifier_all_metrics": self.redis_bytes_per_classifier_all_metrics}),
         }
 
 
@@ -290,8 +299,10 @@ async def _until_counted(probe, prefix: str, cids: list[str], records: int, memo
 
 async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifiers: int = 10,
                     partitions: int = 3, memory_at: list[int] | None = None, seed: int = 0,
-                    log: Callable[[str], None] = lambda msg: None, timeout_s: float | None = None) -> BenchResult:
-    """One benchmark run against the given Kafka bootstrap servers and Redis URL.
+                    log: Callable[[str], None] = lambda msg: None, timeout_s: float | None = None,
+                    all_metrics: bool = False) -> BenchResult:
+    """One benchmark run against the given Kafka bootstrap servers and Redis URL (with
+    `all_metrics`, the service's ingest a second time with every metric enabled).
 
     Uses fresh topic, consumer group and Redis key prefix names, so it can run
     against shared backends; it does not delete them afterwards.
@@ -307,7 +318,7 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     names = {k: f"bench-{k}-{run_id}" for k in ("scores", "requests", "labels", "dlq")}
     await create_topics(kafka, [names["scores"]], partitions=partitions)
     await create_topics(kafka, [names["requests"], names["labels"], names["dlq"]], partitions=1)
-    settings = load_settings({
+    env = {
         "STRATAMETER_KAFKA_BOOTSTRAP_SERVERS": kafka,
         "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}",
         "STRATAMETER_KAFKA_SESSION_TIMEOUT_MS": "6000",
@@ -317,7 +328,8 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
         "STRATAMETER_TOPIC_LABEL_REQUESTS": names["requests"],
         "STRATAMETER_TOPIC_LABELS": names["labels"],
         "STRATAMETER_TOPIC_DEAD_LETTER": names["dlq"],
-    })
+    }
+    settings = load_settings(env)
     max_records = settings.batch_max_records
 
     log(f"generating {records:,} score records for {classifiers} classifiers")
@@ -336,18 +348,35 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     cids = classifier_ids(classifiers)
     service_s, join_s, snaps = await service_consume(settings, cids, records, memory_at, timeout_s)
     counted_records = snaps[-1]["records"]
+    every = await _every_metric(env, run_id, cids, records, timeout_s, log) if all_metrics else None
     return BenchResult(
         records=records, classifiers=classifiers, partitions=partitions, batch_max_records=max_records,
         service_records_per_s=records / service_s, raw_consume_decode_records_per_s=records / decode_s,
         raw_consume_records_per_s=records / raw_s, service_seconds=service_s, service_join_seconds=join_s,
         decode_seconds=decode_s, raw_seconds=raw_s, redis_bytes_per_classifier=snaps[-1]["bytes_per_classifier"],
         records_counted=counted_records, produce_seconds=produce_s, memory=snaps,
+        service_all_metrics_records_per_s=records / every[0] if every else None,
+        redis_bytes_per_classifier_all_metrics=every[1] if every else None,
     )
+
+
+async def _every_metric(env: dict, run_id: str, cids: list[str], records: int, timeout_s: float, log
+                        ) -> tuple[float, int]:
+    """The service's ingest with every metric enabled (both sides of the threshold kept), on a fresh
+    consumer group and key prefix: (seconds, Redis bytes per classifier at the end)."""
+    from ..config import load_settings
+
+    log("service ingest path, every metric (both sides of the threshold; fresh group and keys)")
+    every = load_settings({**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}-all",
+                           "STRATAMETER_REDIS_KEY_PREFIX": f"bench-{run_id}-all",
+                           "STRATAMETER_METRICS": "precision,recall,f1,accuracy"})
+    seconds, _, snaps = await service_consume(every, cids, records, [], timeout_s)
+    return seconds, snaps[-1]["bytes_per_classifier"]
 
 
 def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
           redis: str | None = None, memory_at: list[int] | None = None, seed: int = 0,
-          log: Callable[[str], None] = lambda msg: None) -> BenchResult:
+          log: Callable[[str], None] = lambda msg: None, all_metrics: bool = False) -> BenchResult:
     """`run_bench` with embedded tansu / Redis for the backends not given."""
     from contextlib import ExitStack
 
@@ -360,4 +389,5 @@ def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, ka
         if redis is None:
             log("starting embedded Redis")
             redis = stack.enter_context(EmbeddedRedis()).url
-        return asyncio.run(run_bench(kafka, redis, records, classifiers, partitions, memory_at, seed, log))
+        return asyncio.run(run_bench(kafka, redis, records, classifiers, partitions, memory_at, seed, log,
+                                     all_metrics=all_metrics))

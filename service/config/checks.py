@@ -117,6 +117,14 @@ def name_chars(what: str, max_len: int = 256) -> AfterValidator:
     return check(rule)
 
 
+def metric_list(v: str) -> str:
+    """A comma list of metrics (`stats.confusion.METRICS`), returned canonical: lower case, in
+    `METRICS` order, no duplicates."""
+    from ..stats.confusion import parse_metrics
+
+    return ",".join(parse_metrics(v))
+
+
 def positive(v: float) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"must be a finite number > 0, got {shown(v)}")

@@ -31,8 +31,10 @@ from stratameter.schemas.messages import (
     is_classifier_id,
 )
 
+from ..state.keys import owner_of
 from ..stats.allocation import ALLOCATIONS
 from ..stats.calibration import SCORE_KINDS
+from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, needs_negatives
 from ..stats.strata import STRATIFICATIONS
 from .checks import (
     ENV_PREFIX,
@@ -48,6 +50,7 @@ from .checks import (
     nonempty,
     one_of,
     open_interval,
+    metric_list,
     positive,
     readable_file,
     topic,
@@ -111,6 +114,9 @@ class Settings(ClientOptions, BaseSettings):
     confidence: Annotated[float, open_interval(0.5, 1), OVERRIDE] = 0.95
     strata: Annotated[int, in_range(1, 20), OVERRIDE] = 4
     stratification: Annotated[str, one_of(STRATIFICATIONS), OVERRIDE] = "perc"
+    # precision, recall, f1, accuracy (comma list); recall, f1 and accuracy sample the predicted negatives too
+    metrics: Annotated[str, check(metric_list), OVERRIDE] = "precision"
+    negative_strata: Annotated[int, in_range(1, 20), OVERRIDE] = 4
     allocation: Annotated[str, one_of(ALLOCATIONS), OVERRIDE] = "opt_track"
     threshold: Annotated[float, check(finite), OVERRIDE] = 0.5
     score_kind: Annotated[str, one_of(SCORE_KINDS), OVERRIDE] = "auto"
@@ -178,12 +184,20 @@ class Settings(ClientOptions, BaseSettings):
         return self._defaults
 
     def for_classifier(self, cid: str) -> "ClassifierConfig":
-        """The effective `ClassifierConfig` of classifier `cid`: its overrides, else the global values."""
+        """The effective `ClassifierConfig` of classifier `cid`: its overrides, else the global values.
+
+        For the state of a classifier's predicted negatives (`state.keys.negatives_of`): the
+        classifier's settings with its negative strata (`negative_strata`, stratified by
+        `confusion.DEFAULT_NEGATIVE_STRATIFICATION`) as the strata."""
         cfg = self._cache.get(cid)
         if cfg is None:
-            cfg = self._overrides.get(cid)
+            owner, negative = owner_of(cid)
+            cfg = self._overrides.get(owner)
             if cfg is None:
-                cfg = self._defaults.model_copy(update={"classifier_id": cid})
+                cfg = self._defaults.model_copy(update={"classifier_id": owner})
+            if negative:
+                cfg = cfg.model_copy(update={"classifier_id": cid, "strata": cfg.negative_strata,
+                                             "stratification": DEFAULT_NEGATIVE_STRATIFICATION})
             if len(self._cache) >= 10_000:
                 self._cache.clear()
             self._cache[cid] = cfg
@@ -194,6 +208,10 @@ class Settings(ClientOptions, BaseSettings):
         `now_ms`: the `window` of `stratameter.schemas.parse.parse_scores` (see `stratameter.schemas.messages.event_time_window`)."""
         return event_time_window(now_ms, self.chunk_seconds, self.max_event_time_skew_seconds,
                                  self.allowed_lateness_seconds)
+
+    def samples_negatives(self, cid: str) -> bool:
+        """Whether classifier `cid`'s metrics need its predicted negatives sampled."""
+        return needs_negatives(self.for_classifier(cid).metrics.split(","))
 
     def threshold_for(self, cid: str) -> float:
         """The decision threshold of `cid` (the `threshold_for` of `stratameter.schemas.parse.parse_scores`)."""

@@ -27,8 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "reviewers can finish the last chunk), print the summary and stop "
                         "(default: until Ctrl-C)")
     p.add_argument("--json", action="store_true",
-                   help='print the summary as one JSON line {"classifiers": [{"classifier", "estimate", "lower", '
-                        '"upper", "truth", "labels", "random_equivalent_labels"}]} instead of the live view')
+                   help='print the summary as one JSON line {"classifiers": [{"classifier", "metric", "estimate", '
+                        '"lower", "upper", "truth", "labels", "random_equivalent_labels"}]} (one entry per '
+                        'classifier and metric) instead of the live view')
     p.add_argument("--kafka", metavar="HOST:PORT", help="use this Kafka instead of an embedded broker")
     p.add_argument("--redis", metavar="URL", help="use this Redis instead of an embedded one")
     p.add_argument("--port", type=int, help="HTTP port of the service (default: a free port)")

@@ -34,7 +34,7 @@ async def start_embedded(backend: Backend, what: str, err) -> Backend:
 
 
 def service_env(opts: DemoOptions, bootstrap: str, redis_url: str, port: int, run_id: str, *,
-                own_kafka: bool, own_redis: bool) -> dict[str, str]:
+                own_kafka: bool, own_redis: bool, overrides: str | None = None) -> dict[str, str]:
     """The environment of the demo's `stratameter run`.  On a broker or Redis of yours
     (not `own_*`), everything the demo writes gets run-specific names."""
     ns = "" if own_kafka else f"stratameter-demo-{run_id}."
@@ -61,6 +61,8 @@ def service_env(opts: DemoOptions, bootstrap: str, redis_url: str, port: int, ru
         "STRATAMETER_MAX_LABELS_PER_HOUR": "1000000",
         "STRATAMETER_LABEL_TIMEOUT_SECONDS": "30",
         "STRATAMETER_INSTANCE_ID": f"demo-{run_id}",
+        # per-classifier settings (the whole-stream scenarios' METRICS)
+        **({"STRATAMETER_CLASSIFIERS_CONFIG_FILE": overrides} if overrides else {}),
     }
 
 

@@ -34,7 +34,7 @@ from ..config import ConfigError, load_settings
 from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, start_group_consumer
 from . import view
 from .launch import DemoError, ServiceProcess, service_env, start_embedded
-from .scenarios import SCENARIOS, GroundTruth, chunk_of
+from .scenarios import SCENARIOS, THRESHOLD, GroundTruth, chunk_of
 
 REVIEWERS = ("ana", "bo", "chen", "dara")
 TICK_S = 0.1
@@ -126,8 +126,12 @@ class Demo:
         if self.stop.is_set():
             return None
         self.port = o.port or find_free_port()
+        overrides = self.workdir / "classifiers.json"
+        overrides.write_bytes(orjson.dumps({s.classifier: {"metrics": ",".join(s.metrics)}
+                                            for s in SCENARIOS if s.whole_stream}))
         env = service_env(o, bootstrap, redis_url, self.port, uuid.uuid4().hex[:8],
-                          own_kafka=self.kafka is not None, own_redis=self.redis is not None)
+                          own_kafka=self.kafka is not None, own_redis=self.redis is not None,
+                          overrides=str(overrides))
         try:
             settings = self.settings = load_settings(env)
         except ConfigError as exc:
@@ -251,13 +255,14 @@ class Demo:
             for sc in SCENARIOS:
                 if n == 0:
                     break
-                scores, p = sc.draw(self.rng, n, chunk - start_chunk, switch)
-                labels = (self.rng.random(n) < p).astype(np.int8)
-                ids = self.truth.add(sc.classifier, chunk, labels)
+                scores, p = sc.draw(self.rng, n * sc.rate_factor, chunk - start_chunk, switch)
+                labels = (self.rng.random(p.size) < p).astype(np.int8)
+                predicted = scores >= THRESHOLD if sc.whole_stream else np.ones(p.size, dtype=bool)
+                ids = self.truth.add(sc.classifier, chunk, labels, predicted)
                 key = sc.classifier.encode()
-                for item, s in zip(ids, scores.tolist()):
+                for item, s, pred in zip(ids, scores.tolist(), predicted.tolist()):
                     await self.producer.send(self.settings.topic_scores, key=key, value=score_record_bytes(
-                        sc.classifier, item, s, predicted_positive=True, event_time=now_ms))
+                        sc.classifier, item, s, predicted_positive=pred, event_time=now_ms))
             # requests of chunks older than this are expired long before: 30 s label timeout
             self.truth.forget_before(chunk - (60 // o.chunk_seconds + 2))
             next_t += TICK_S
@@ -300,8 +305,9 @@ class Demo:
         return self.docs
 
     def rows(self) -> list[dict]:
-        return [view.row(self.docs.get(s.classifier), s.classifier, self.truth.truth, self.opts.chunk_seconds)
-                for s in SCENARIOS]
+        return [view.row(self.docs.get(s.classifier), s.classifier, self.truth.truth, self.opts.chunk_seconds, m,
+                         whole_stream=s.whole_stream)
+                for s in SCENARIOS for m in s.metrics]
 
     def summary(self) -> list[dict]:
         return self.rows()
@@ -318,7 +324,8 @@ class Demo:
                   f"{o.rate:g} scores/s per classifier, scores sent {sum(self.truth.sent.values())}, "
                   f"labels answered {self.answered}, skipped {self.skipped}{drift}")
         footer = "\n".join(f"{s.classifier}: {s.description}" for s in SCENARIOS)
-        footer += ("\n'truth': the chunk's true precision, 'in' or 'MISS' its interval; 'random': labels a uniform "
+        footer += ("\n'truth': the chunk's true value of the metric (precision unless named), 'in' or 'MISS' its "
+                   "interval; 'random' (precision of the positives-only classifiers): labels a uniform "
                    "random sample of the same chunk needs for the same interval (same variance); 'saved' = 1 - "
                    "labels / that.   Ctrl-C stops.")
         return view.render(header, self.rows(), self.docs, o.confidence, footer)

@@ -20,6 +20,8 @@ from typing import Callable
 import numpy as np
 from scipy.special import expit
 
+from ..stats.confusion import value
+
 # (rng, n, chunk ordinal, ordinal at which the change happens) -> (scores, P(y=1 | item))
 Draw = Callable[[np.random.Generator, int, int, int], tuple[np.ndarray, np.ndarray]]
 
@@ -30,6 +32,16 @@ class Scenario:
     description: str
     informative: bool
     draw: Draw
+    # the metrics the demo enables (STRATAMETER_METRICS); beyond precision, the scenario draws the
+    # whole stream (predicted positive: score >= THRESHOLD) and the service samples both sides
+    metrics: tuple[str, ...] = ("precision",)
+    # scores per second, as a multiple of the demo's rate: a stream of rare positives must bring a
+    # chunk the 25 x K predicted positives that give it strata (a provisional chunk is not sampled)
+    rate_factor: int = 1
+
+    @property
+    def whole_stream(self) -> bool:
+        return self.metrics != ("precision",)
 
 
 def _steady(rng, n, k, switch):
@@ -57,6 +69,14 @@ def _uninformative(rng, n, k, switch):
     return s, np.full(n, 0.6)
 
 
+def _fraud_rare(rng, n, k, switch):
+    # the whole stream: 5 % fraud; a logistic score of two Gaussian margins (fraud N(1.5, 1.2), the
+    # rest N(-2.5, 1.2)), thresholded at 0.5 by the service: recall about 0.9, precision about 0.95
+    y = rng.random(n) < 0.05
+    z = np.where(y, rng.normal(1.5, 1.2, n), rng.normal(-2.5, 1.2, n))
+    return expit(z), y.astype(float)
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("spam-steady", "steady, informative score (steep precision curve), precision ~0.83", True, _steady),
     Scenario("fraud-degrading", "same scores, precision drops from ~0.84 to ~0.55 halfway through", True,
@@ -65,7 +85,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              _shifting),
     Scenario("ads-uninformative", "the score carries no signal (control: stratifying cannot help)", False,
              _uninformative),
+    Scenario("fraud-rare", "the whole stream, 5 % fraud: precision, recall and F1 from both sides of the threshold",
+             True, _fraud_rare, ("precision", "recall", "f1"), rate_factor=2),
 )
+#: The threshold of the whole-stream scenarios (the service's default STRATAMETER_THRESHOLD).
+THRESHOLD = 0.5
 
 
 def chunk_of(ms: int, chunk_seconds: int) -> int:
@@ -83,21 +107,27 @@ class GroundTruth:
 
     def __init__(self) -> None:
         self._labels: dict[int, dict[str, int]] = defaultdict(dict)
-        self._tally: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+        # per (classifier, chunk): predicted positives, true positives among them, predicted
+        # negatives, true positives among those (false negatives)
+        self._tally: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self._seq = 0
         self.sent: dict[str, int] = defaultdict(int)
         self.last_chunk: dict[str, int] = {}
 
-    def add(self, classifier: str, chunk: int, labels: np.ndarray) -> list[str]:
-        """Record a batch of one chunk; returns the new items' ids."""
+    def add(self, classifier: str, chunk: int, labels: np.ndarray, predicted: np.ndarray | None = None) -> list[str]:
+        """Record a batch of one chunk (`predicted`: the decisions, default all positive); returns
+        the new items' ids."""
         ids = [f"{classifier}-{chunk}-{self._seq + i}" for i in range(labels.size)]
         self._seq += labels.size
         store = self._labels[chunk]
         for item, y in zip(ids, labels.tolist()):
             store[item] = int(y)
         tally = self._tally[(classifier, chunk)]
-        tally[0] += int(labels.size)
-        tally[1] += int(labels.sum())
+        pred = np.ones(labels.size, dtype=bool) if predicted is None else np.asarray(predicted, dtype=bool)
+        tally[0] += int(pred.sum())
+        tally[1] += int(labels[pred].sum())
+        tally[2] += int((~pred).sum())
+        tally[3] += int(labels[~pred].sum())
         self.sent[classifier] += int(labels.size)
         self.last_chunk[classifier] = chunk
         return ids
@@ -114,9 +144,13 @@ class GroundTruth:
             del self._labels[t]
 
     def items(self, classifier: str, chunk: int) -> int:
-        return self._tally[(classifier, chunk)][0] if (classifier, chunk) in self._tally else 0
+        tally = self._tally.get((classifier, chunk), (0, 0, 0, 0))
+        return tally[0] + tally[2]
 
-    def truth(self, classifier: str, chunk: int) -> float | None:
-        """The true precision of the chunk's items produced so far (None when there are none)."""
-        n, pos = self._tally.get((classifier, chunk), (0, 0))
-        return pos / n if n else None
+    def truth(self, classifier: str, chunk: int, metric: str = "precision") -> float | None:
+        """The true value of `metric` over the chunk's items produced so far (None when undefined)."""
+        pp, tp, pn, fn = self._tally.get((classifier, chunk), (0, 0, 0, 0))
+        N = np.array([pp, pn], dtype=float)
+        p = np.array([tp / pp if pp else 0.0, fn / pn if pn else 0.0])
+        v = float(value(metric, N, p, np.array([True, False])))
+        return v if math.isfinite(v) else None

@@ -50,20 +50,26 @@ def chunk_id(doc_chunk: dict | None, chunk_seconds: int) -> int | None:
     return int(round(start)) // int(chunk_seconds)
 
 
-def row(doc: dict | None, classifier: str, truth_of, chunk_seconds: int) -> dict:
-    """The summary entry of one classifier from its `/v1/classifiers/{id}` document.
+def row(doc: dict | None, classifier: str, truth_of, chunk_seconds: int, metric: str = "precision",
+        whole_stream: bool = False) -> dict:
+    """The summary entry of one metric of one classifier from its `/v1/classifiers/{id}` document.
 
-    ``truth_of(classifier, chunk)`` is the true precision of that chunk's items.
+    ``truth_of(classifier, chunk, metric)`` is the true value over that chunk's items.  The
+    random-equivalent labels are those of precision from predicted positives alone (null for a
+    classifier that samples both sides of its threshold: its labels serve every metric).
     """
-    out = {"classifier": classifier, "estimate": None, "lower": None, "upper": None, "truth": None,
-           "labels": 0, "random_equivalent_labels": None}
+    out = {"classifier": classifier, "metric": metric, "estimate": None, "lower": None, "upper": None,
+           "truth": None, "labels": 0, "random_equivalent_labels": None}
     if not doc:
         return out
     chunk = chunk_id(doc.get("chunk"), chunk_seconds)
-    rel = random_equivalent_labels(doc.get("estimate"), doc.get("stderr"), int(doc.get("population") or 0))
+    iv = doc.get("metrics", {}).get(metric) or {}
+    rel = None if whole_stream else random_equivalent_labels(iv.get("estimate"), iv.get("stderr"),
+                                                             int(doc.get("population") or 0))
     out.update({
-        "estimate": _round(doc.get("estimate")), "lower": _round(doc.get("ci_lower")),
-        "upper": _round(doc.get("ci_upper")), "truth": _round(truth_of(classifier, chunk) if chunk is not None else None),
+        "estimate": _round(iv.get("estimate")), "lower": _round(iv.get("ci_lower")),
+        "upper": _round(iv.get("ci_upper")),
+        "truth": _round(truth_of(classifier, chunk, metric) if chunk is not None else None),
         "labels": int(doc.get("labels") or 0),
         "random_equivalent_labels": None if rel is None else round(rel, 1),
     })
@@ -111,7 +117,8 @@ def summary_table(rows: list[dict], docs: dict[str, dict | None], confidence: fl
         rel = r["random_equivalent_labels"]
         saved = "-" if not rel or not r["labels"] else f"{1 - r['labels'] / rel:.0%}"
         interval = "-" if r["lower"] is None else f"[{r['lower']:.3f}, {r['upper']:.3f}]"
-        t.add_row(r["classifier"], _f(r["estimate"]), interval, truth,
+        name = r["classifier"] if r.get("metric", "precision") == "precision" else f"  {r['metric']}"
+        t.add_row(name, _f(r["estimate"]), interval, truth,
                   str(r["labels"]), _f(rel, ".0f"), saved, str(doc.get("status", "-")))
     return t
 
@@ -139,8 +146,9 @@ def strata_table(classifier: str, doc: dict | None) -> Table:
 
 def render(header: str, rows: list[dict], docs: dict[str, dict | None], confidence: float, footer: str = ""):
     parts = [Text(header),
-             summary_table(rows, docs, confidence, "estimate of the reported chunk vs the true precision of that chunk"),
-             Columns([strata_table(r["classifier"], docs.get(r["classifier"])) for r in rows], padding=(1, 3))]
+             summary_table(rows, docs, confidence, "estimate of the reported chunk vs the truth of that chunk"),
+             Columns([strata_table(r["classifier"], docs.get(r["classifier"])) for r in rows
+                      if r.get("metric", "precision") == "precision"], padding=(1, 3))]
     if footer:
         parts.append(Text(footer, style="dim"))
     return Group(*parts)

@@ -63,6 +63,12 @@ class ClassifierRecords:
     def size(self) -> int:
         return int(self.offsets.size)
 
+    def negatives(self, state_id: str) -> "ClassifierRecords":
+        """The same records for the state of the predicted negatives (`state.keys.negatives_of`):
+        what that state samples ("positive" in `build_payload`) is the predicted negatives."""
+        return ClassifierRecords(state_id, self.offsets, self.rows, self.items, self.contexts, self.score,
+                                 ~self.positive, self.event_ms)
+
 
 def group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts
                         ) -> list[ClassifierRecords]:

@@ -6,6 +6,12 @@ event-time chunk the records fall in has its strata boundaries (fixed once,
 when the chunk opens, see `opening_histogram`), aggregate with numpy and apply with
 one INGEST script call per classifier, all in one pipeline.
 
+Predicted negatives: for a classifier whose metrics need them (recall, F1,
+accuracy) the same records go a second time, with the decision inverted, to
+the state of its predicted negatives (`state.keys.negatives_of`): their own
+chunks, strata, reservoirs and offsets, so every guarantee below holds for
+them unchanged.
+
 Strata from the start: a chunk whose opening histogram (the opening batch,
 merged with the previous chunk's when that batch is small) holds fewer than
 `provisional_cap` predicted positives (25 per stratum) opens *provisional*:
@@ -31,7 +37,9 @@ import orjson
 
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
+from ..state.keys import negatives_of, owner_of
 from ..state.store import ChunkCuts, Store
+from ..state.keys import ingest_chunks
 from .aggregate import ClassifierRecords, build_payload, chunk_of, group_by_classifier
 
 
@@ -120,6 +128,8 @@ class ScoreIngestor:
         `submit` redoes from the offsets the refusals report, never from the cache.)"""
         await asyncio.sleep(0)
         groups = group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts)
+        groups += [g.negatives(negatives_of(g.classifier_id)) for g in groups
+                   if self.settings.samples_negatives(g.classifier_id)]
         return PreparedBatch(partition, await self._calls(partition, groups, reload_offsets))
 
     async def submit(self, prepared: "PreparedBatch") -> int:
@@ -133,7 +143,7 @@ class ScoreIngestor:
                 key = (r.classifier_id, partition)
                 self._note_cutoffs(r.classifier_id, cutoffs)
                 if applied:
-                    counted += r.size
+                    counted += 0 if owner_of(r.classifier_id)[1] else r.size  # each record once
                     self._offsets[key] = max(self._offsets.get(key, -1), stored)
                 else:  # another writer moved the offset (or a prediction was wrong): start from it
                     self._offsets[key] = stored
@@ -182,7 +192,7 @@ class ScoreIngestor:
                                     cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)),
                                     provisional_cap(cfg.strata, cfg.reservoir_size))
             new = int(r.offsets[-1])
-            calls.append((r, (cid, partition, expected[cid], new, orjson.dumps(payload))))
+            calls.append((r, (cid, partition, expected[cid], new, orjson.dumps(payload), ingest_chunks(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
             await asyncio.sleep(0)  # see `prepare`
         return calls

@@ -16,15 +16,17 @@ from dataclasses import dataclass
 from stratameter.schemas.messages import LABEL_OUTCOMES as OUTCOMES  # the outcomes of one label record
 from stratameter.schemas.messages import is_classifier_id
 
+from ..state.keys import owner_of
 from ..state.store import Store
 
 
 def split_request_id(rid: str) -> str | None:
-    """The classifier a request id belongs to, or None if it names none."""
-    cid, sep, token = rid.partition("/")
-    if not sep or not token or not is_classifier_id(cid):
+    """The state a request id belongs to (a classifier, or its predicted negatives:
+    `state.keys.negatives_of`), or None if it names none."""
+    sid, sep, token = rid.partition("/")
+    if not sep or not token or not is_classifier_id(owner_of(sid)[0]):
         return None
-    return cid
+    return sid
 
 
 @dataclass

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..labels.folder import OUTCOMES
-from ..api.views import classifier_view
+from ..api.views import classifier_view, last_label_ms
 
 
 #: per-classifier gauges: (name, help)
@@ -26,6 +26,12 @@ _GAUGES = (
     ("stratameter_label_budget_remaining", "Label requests the paced hourly budget allows now "
                                            "(0: labelling waits for the budget)"),
 )
+#: the other metrics' gauges (`METRICS`), named as precision's; a classifier exports those it enables
+_METRIC_GAUGES = tuple(
+    (m, key, f"stratameter_{m}{suffix}_ratio", f"{what} of the reported chunk's {m} (`STRATAMETER_METRICS`)")
+    for m in ("recall", "f1", "accuracy")
+    for key, suffix, what in (("estimate", "", "Stratified estimate"), ("ci_lower", "_ci_lower", "Lower bound"),
+                              ("ci_upper", "_ci_upper", "Upper bound"), ("stderr", "_stderr", "Standard error")))
 #: the estimate's gauges: (view key, name); absent while there is no estimate
 _ESTIMATE = (("estimate", "stratameter_precision_ratio"),
              ("ci_lower", "stratameter_precision_ci_lower_ratio"),
@@ -40,9 +46,9 @@ _COUNTERS = (
 )
 #: per-stratum gauges: (name, help)
 _STRATUM_GAUGES = (
-    ("stratameter_stratum_items", "Predicted positives in the stratum (reported chunk)"),
+    ("stratameter_stratum_items", "Items in the stratum (reported chunk; predicted negatives from stratum K)"),
     ("stratameter_stratum_labels", "Labels folded in the stratum (reported chunk)"),
-    ("stratameter_stratum_precision_ratio", "Observed precision among the stratum's labels"),
+    ("stratameter_stratum_precision_ratio", "Share of truly positive items among the stratum's labels"),
     ("stratameter_stratum_upper_score", "Upper score boundary of the stratum"),
 )
 
@@ -54,6 +60,8 @@ class SnapshotCollector:
 
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in _GAUGES}
+        gauges.update({name: GaugeMetricFamily(name, doc, labels=["classifier"])
+                       for _, _, name, doc in _METRIC_GAUGES})
         counters = {key: CounterMetricFamily(name, doc, labels=["classifier"]) for key, name, doc in _COUNTERS}
         labels = CounterMetricFamily("stratameter_labels", "Label records by outcome", labels=["classifier", "outcome"])
         per_stratum = {name: GaugeMetricFamily(name, doc, labels=["classifier", "stratum"])
@@ -91,6 +99,10 @@ def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
     for key, name in _ESTIMATE:
         if v[key] is not None:
             gauges[name].add_metric([cid], v[key])
+    for metric, key, name, _ in _METRIC_GAUGES:
+        value = v["metrics"].get(metric, {}).get(key)
+        if value is not None:
+            gauges[name].add_metric([cid], value)
     gauges["stratameter_labels_pending"].add_metric([cid], v["pending"])
     gauges["stratameter_label_budget_remaining"].add_metric([cid], v["label_budget_remaining"])
     if v["last_label_at"] is not None:
@@ -156,10 +168,10 @@ async def _snapshot(service) -> SnapshotCollector:
     their designated exporter (see runner.GLOBAL_SERIES_OWNER)."""
     views = []
     for cid in sorted(service.owned):
-        v = await classifier_view(service.store, cid, service.settings.for_classifier(cid))
+        cfg = service.settings.for_classifier(cid)
+        v = await classifier_view(service.store, cid, cfg)
         if v is not None:
-            meta = await service.store.classifier_summary(cid)
-            v["last_label_ms"] = int(meta["counters"].get("last_label_ms", 0))
+            v["last_label_ms"] = await last_label_ms(service.store, cid, cfg)
             views.append(v)
     if service.exports_global:
         invalid = await service.store.invalid_counts()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -33,7 +34,9 @@ from stratameter.schemas.parse import label_request_bytes
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
+from ..state.keys import negatives_of
 from ..state.store import ChunkState, Store
+from ..stats.confusion import Target
 
 log = logging.getLogger("stratameter.requests")
 
@@ -42,14 +45,41 @@ log = logging.getLogger("stratameter.requests")
 ACTIVE_CHUNKS = 2
 
 
-def new_request_id(cid: str) -> str:
-    return f"{cid}/{secrets.token_urlsafe(16)}"
+def new_request_id(state_id: str) -> str:
+    return f"{state_id}/{secrets.token_urlsafe(16)}"
 
 
-def request_message(rid: str, cid: str, stratum: int, member: dict, requested_ms: int, deadline_ms: int) -> bytes:
+def request_message(rid: str, cid: str, stratum: int, member: dict, requested_ms: int, deadline_ms: int,
+                    predicted_positive: bool = True) -> bytes:
     """A `stratameter.label-requests` record (the contract: schemas.messages.LabelRequest)."""
     return label_request_bytes(rid, cid, member["i"], member["s"], stratum, requested_ms / 1000, deadline_ms / 1000,
-                               member.get("x"))
+                               member.get("x"), predicted_positive)
+
+
+@dataclass
+class Side:
+    """One side of a chunk: the state holding the predicted positives (the classifier's) or the
+    predicted negatives (`state.keys.negatives_of`), as the loop sees it this step."""
+
+    state_id: str
+    cs: ChunkState | None  # None: no item of this side in the chunk yet
+    cfg: object  # the side's settings (`Settings.for_classifier(state_id)`)
+    first_stratum: int  # the stratum id of its stratum 0 in requests and the API (0, or K for negatives)
+    pending: int
+
+    @property
+    def positive(self) -> bool:
+        return self.first_stratum == 0
+
+    @property
+    def strata(self) -> int:
+        return self.cs.strata if self.cs is not None else 1
+
+    def column(self, name: str) -> np.ndarray:
+        """N, n, h or thresholds of the side's strata (zeros for a side with no items yet)."""
+        if self.cs is None:
+            return np.zeros(1)
+        return self.cs.thresholds if name == "thresholds" else getattr(self.cs, name)
 
 
 class RequestLoop:
@@ -59,101 +89,163 @@ class RequestLoop:
         self.settings = settings
         self.publish = publish
         self.instance = settings.instance_id
-        self._purged: dict[str, int] = {}  # classifier -> newest chunk when last purged
+        self._purged: dict[str, int] = {}  # state -> newest chunk when last purged
         self._seen: dict[tuple[str, int], tuple] = {}  # (classifier, chunk) -> what the last step looked at
-        self._priors: dict[tuple[str, int], tuple[float, np.ndarray]] = {}  # (classifier, chunk) -> (size, q)
+        self._priors: dict[tuple[str, int], tuple[float, np.ndarray]] = {}  # (state, chunk) -> (size, q)
+
+    def _states(self, cid: str) -> list[tuple[str, int]]:
+        """The states of classifier `cid` with the stratum id of their stratum 0."""
+        if not self.settings.samples_negatives(cid):
+            return [(cid, 0)]
+        return [(cid, 0), (negatives_of(cid), self.settings.for_classifier(cid).strata)]
 
     async def republish_outbox(self, cid: str) -> int:
         """Publish requests recorded but not acknowledged by Kafka before a crash."""
-        pending = await self.store.unpublished(cid)
-        if not pending:
-            return 0
-        records = []
-        for rid, h in pending:
-            member = orjson.loads(h["item"])
-            records.append((cid, request_message(rid, cid, int(h["stratum"]), member, int(h["requested_ms"]),
-                                                 int(h["deadline_ms"]))))
-        await self.publish(records)
-        await self.store.mark_published(cid, [rid for rid, _ in pending])
-        return len(records)
+        done = 0
+        for sid, first in self._states(cid):
+            pending = await self.store.unpublished(sid)
+            if not pending:
+                continue
+            records = []
+            for rid, h in pending:
+                member = orjson.loads(h["item"])
+                records.append((cid, request_message(rid, cid, first + int(h["stratum"]), member,
+                                                     int(h["requested_ms"]), int(h["deadline_ms"]), first == 0)))
+            await self.publish(records)
+            await self.store.mark_published(sid, [rid for rid, _ in pending])
+            done += len(records)
+        return done
 
     async def step(self, cid: str) -> int:
         """One step of the loop for every chunk still sampling; returns the number of requests issued."""
         cfg = self.settings.for_classifier(cid)
         now = int(time.time() * 1000)
-        await self.store.expire(cid, now)
-        ids = await self.store.chunk_ids(cid)
-        if not ids:
-            return 0
-        if len(ids) > cfg.chunk_retention and self._purged.get(cid) != ids[-1]:
-            await self.store.purge_chunks(cid, ids, cfg.chunk_retention, max(cfg.history_chunks, cfg.chunk_retention))
-            self._purged[cid] = ids[-1]
+        states = self._states(cid)
+        ids: set[int] = set()
+        for sid, _ in states:
+            await self.store.expire(sid, now)
+            ids.update(await self._chunk_ids(sid, cfg))
         # the newest chunk that has started and the one before it (open for its lateness, or topping up)
-        started = [t for t in ids if t * cfg.chunk_seconds * 1000 <= now][-ACTIVE_CHUNKS:]
+        started = [t for t in sorted(ids) if t * cfg.chunk_seconds * 1000 <= now][-ACTIVE_CHUNKS:]
         if not started:
             return 0
-        pending = await self.store.pending_by_chunk(cid)
+        by_side = []
+        for sid, first in states:
+            pending = await self.store.pending_by_chunk(sid)
+            found = {cs.chunk: cs for cs in await self.store.chunks(sid, started)}
+            by_side.append((sid, first, found, pending))
         issued = 0
-        for cs in await self.store.chunks(cid, started):
-            if getattr(cs, "provisional", False) or cs.N.sum() == 0:
+        for t in started:
+            sides = _sampled_sides([Side(sid, found.get(t), self.settings.for_classifier(sid), first,
+                                         pending.get(t, 0)) for sid, first, found, pending in by_side], cfg)
+            live = [sd.cs for sd in sides if sd.cs is not None]
+            if not live or sum(cs.N.sum() for cs in live) == 0:
                 continue
-            issued += await self._step_chunk(cid, cs, cfg, now, pending.get(cs.chunk, 0), issued)
+            issued += await self._step_chunk(cid, t, sides, cfg, now, issued)
         return issued
 
-    async def _step_chunk(self, cid: str, cs: ChunkState, cfg, now: int, pending: int, issued_before: int) -> int:
-        """The stream design of `stats.streams` for one chunk: evaluate, pace or top up, request."""
-        now_s, end_s = now / 1000, (cs.chunk + 1) * cfg.chunk_seconds
+    async def _chunk_ids(self, sid: str, cfg) -> list[int]:
+        """The state's chunks, purging those past the retention once per new chunk."""
+        ids = await self.store.chunk_ids(sid)
+        if len(ids) > cfg.chunk_retention and self._purged.get(sid) != ids[-1]:
+            await self.store.purge_chunks(sid, ids, cfg.chunk_retention, max(cfg.history_chunks, cfg.chunk_retention))
+            self._purged[sid] = ids[-1]
+        return ids
+
+    async def _step_chunk(self, cid: str, t: int, sides: list[Side], cfg, now: int, issued_before: int) -> int:
+        """The stream design of `stats.streams` for one chunk (both sides when the classifier's
+        metrics need its predicted negatives): evaluate, pace or top up, request.  The chunk's
+        streak and status live with its lead side (the positives, else the negatives)."""
+        lead = next(sd for sd in sides if sd.cs is not None)
+        cs0 = lead.cs
+        target = _target(cfg, sides)
+        N, n, h = (np.concatenate([sd.column(c) for sd in sides]) for c in ("N", "n", "h"))
+        thresholds = np.concatenate([sd.column("thresholds") for sd in sides])
+        pending = sum(sd.pending for sd in sides)
+        now_s, end_s = now / 1000, (t + 1) * cfg.chunk_seconds
         closed = bool(streams.is_closed(now_s, end_s, _lateness(cfg)))
-        total = float(cs.N.sum())
-        first_s, last_s = cs.first_ms / 1000, cs.last_ms / 1000
+        total = float(N.sum())
+        live = [sd.cs for sd in sides if sd.cs is not None]
+        first_s = min(cs.first_ms for cs in live) / 1000
+        last_s = max(cs.last_ms for cs in live) / 1000
         flowing = bool(streams.arrivals_flowing(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds)) and not closed
-        seen = (total, int(cs.n.sum()), pending, flowing, closed, cs.thresholds.tobytes())
-        if self._seen.get((cid, cs.chunk)) == seen and cs.status != "waiting_for_budget":
+        seen = (total, int(n.sum()), pending, flowing, closed, thresholds.tobytes())
+        if self._seen.get((cid, t)) == seen and cs0.status != "waiting_for_budget":
             return 0  # nothing the design looks at has changed since the last step
         final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
-        halfwidth = float(streams.chunk_interval(cs.N, cs.n, cs.h, cfg.confidence, closed).halfwidth)
-        streak, labels = cs.streak, int(cs.n.sum())
-        if pending == 0 and labels > cs.evaluated_round:  # a round completed with new labels: evaluate once
+        halfwidth = float(streams.chunk_interval(N, n, h, cfg.confidence, closed, target).halfwidth)
+        streak, labels = cs0.streak, int(n.sum())
+        if pending == 0 and labels > cs0.evaluated_round:  # a round completed with new labels: evaluate once
             streak = int(stopping.next_streak(streak, halfwidth, cfg.delta))
-            await self.store.evaluate_round(cid, cs.chunk, labels, streak, cs.status)
+            await self.store.evaluate_round(lead.state_id, t, labels, streak, cs0.status)
         converged = bool(np.isfinite(halfwidth) and halfwidth <= cfg.delta and streak >= cfg.stop_rounds)
-        tau, want = streams.plan_requests(cs.N, cs.n, cs.h, await self._prior(cid, cs, cfg), cs.thresholds,
-                                          cs.N * final / total, flowing, pending == 0, converged, cfg.delta,
-                                          cfg.confidence, allocation.round_size(cs.strata, cfg.round_labels_per_stratum),
-                                          closed=closed)
-        due, tau, left = await self._due(cid, cs, cfg, tau, want)
+        q = np.concatenate([await self._prior(sd) for sd in sides])
+        tau, want = streams.plan_requests(N, n, h, q, thresholds, N * final / total, flowing, pending == 0,
+                                          converged, cfg.delta, cfg.confidence,
+                                          allocation.round_size(N.size, cfg.round_labels_per_stratum),
+                                          closed=closed, target=target)
+        due, taus, left = await self._due_by_side(sides, tau, want)
+        hour_used = sum([await self.store.issued_this_hour(sd.state_id, now) for sd in sides])
         budget = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600))
-                     - await self.store.issued_this_hour(cid, now) - issued_before)
+                     - hour_used - issued_before)
         status = str(streams.chunk_status(streak, halfwidth, cfg.delta, cfg.stop_rounds, closed,
                                           left == 0 and pending == 0 and not due, len(due) > budget))
-        self._seen[(cid, cs.chunk)] = seen
-        requests = [(new_request_id(cid), k, orjson.loads(raw), raw) for k, raw in due[:budget]]
-        if not requests:
-            if status != cs.status:
-                await self.store.set_status(cid, cs.chunk, status)
+        self._seen[(cid, t)] = seen
+        chosen = due[:budget]
+        if not chosen:
+            if status != cs0.status:
+                await self.store.set_status(lead.state_id, t, status)
             return 0
-        return await self._request(cid, cs, cfg, now, requests, tau, status)
+        issued = 0
+        for sd, tau_side in zip(sides, taus):
+            mine = [(new_request_id(sd.state_id), k, orjson.loads(raw), raw) for _, side_id, k, raw in chosen
+                    if side_id == sd.state_id]
+            if mine:
+                issued += await self._request(cid, sd, now, mine, tau_side)
+        await self.store.set_status(lead.state_id, t, status)
+        return issued
 
-    async def _request(self, cid: str, cs: ChunkState, cfg, now: int, requests: list, tau: np.ndarray,
-                       status: str) -> int:
-        """Record the requests and the thresholds they were drawn under (outbox), publish, mark."""
+    async def _due_by_side(self, sides: list[Side], tau: np.ndarray, want: np.ndarray
+                           ) -> tuple[list, list, int]:
+        """`_due` for each side's slice of the chunk's strata: the due items of both sides, the most
+        urgent first, each side's thresholds (None for a side with no items), the items left."""
+        due, taus, left, at = [], [], 0, 0
+        for sd in sides:
+            k = sd.strata
+            if sd.cs is not None:
+                d, tau_side, left_side = await self._due(sd, tau[at:at + k], want[at:at + k])
+                due += d
+                left += left_side
+                taus.append(tau_side)
+            else:
+                taus.append(None)
+            at += k
+        due.sort(key=lambda d: d[0])
+        return due, taus, left
+
+    async def _request(self, cid: str, sd: Side, now: int, requests: list, tau: np.ndarray) -> int:
+        """Record one side's requests and the thresholds they were drawn under (outbox), publish, mark."""
+        cs, cfg = sd.cs, sd.cfg
         deadline = now + int(cfg.label_timeout_seconds * 1000)
-        issued = await self.store.issue(cid, cs.chunk, now, deadline, cs.round + 1, self.instance,
+        issued = await self.store.issue(sd.state_id, cs.chunk, now, deadline, cs.round + 1, self.instance,
                                         [[rid, k, m["i"], m["s"], raw] for rid, k, m, raw in requests], {},
                                         int(cfg.request_retention_seconds * 1000), tau)
         if issued is None:
             log.warning("lost the lease while issuing", extra={"classifier": cid})
             return 0
-        await self.store.set_status(cid, cs.chunk, status)
         ok = set(issued)
-        records = [(cid, request_message(rid, cid, k, m, now, deadline)) for rid, k, m, _ in requests if rid in ok]
+        records = [(cid, request_message(rid, cid, sd.first_stratum + k, m, now, deadline, sd.positive))
+                   for rid, k, m, _ in requests if rid in ok]
         await self.publish(records)
-        await self.store.mark_published(cid, issued)
+        await self.store.mark_published(sd.state_id, issued)
         return len(issued)
 
-    async def _prior(self, cid: str, cs: ChunkState, cfg) -> np.ndarray:
-        """Mean calibrated score per stratum (the allocation's prior), 1/2 where unknown;
+    async def _prior(self, sd: Side) -> np.ndarray:
+        """Mean calibrated score per stratum of one side (the allocation's prior), 1/2 where unknown;
         re-read from the chunk's histogram when the chunk has grown by a tenth."""
+        if sd.cs is None:
+            return np.full(1, 0.5)
+        cid, cs, cfg = sd.state_id, sd.cs, sd.cfg
         key = (cid, cs.chunk)
         total = float(cs.N.sum())
         cached = self._priors.get(key)
@@ -167,17 +259,18 @@ class RequestLoop:
         self._priors[key] = (total, q)
         return q
 
-    async def _due(self, cid: str, cs: ChunkState, cfg, tau: np.ndarray, want: np.ndarray
-                   ) -> tuple[list[tuple[int, str]], np.ndarray, int]:
+    async def _due(self, sd: Side, tau: np.ndarray, want: np.ndarray
+                   ) -> tuple[list[tuple[float, str, int, str]], np.ndarray, int]:
         """Unrequested reservoir items at or below each stratum's threshold, after
         raising the thresholds of the strata a round wants `want` more labels from.
 
-        Returns the due items as (stratum, member), the most urgent first
+        Returns the due items as (urgency, state id, stratum, member), the most urgent first
         (lowest priority relative to its threshold), the thresholds, and the
         number of items left above them.  Items above a threshold were never
         requested (requests only ever go to items at or below it).  A full
         reservoir keeps nothing above its largest priority, so no threshold
         rises past it (the design's cap on labels per stratum and chunk)."""
+        cid, cs, cfg = sd.state_id, sd.cs, sd.cfg
         tau = np.array(tau, dtype=float)
         windows = await self.store.reservoir_windows(cid, cs.chunk, tau, want)
         below = [(k, raw, p) for k, w in enumerate(windows) for raw, p in w.below]
@@ -192,8 +285,30 @@ class RequestLoop:
             due += [(p / max(tau[k], 1e-300), k, raw) for raw, p in w.above if p <= tau[k]]
             left += w.above_count - sum(1 for _, p in w.above if p <= tau[k])
         due.sort()
-        return [(k, raw) for _, k, raw in due], tau, left
+        return [(u, cid, k, raw) for u, k, raw in due], tau, left
 
 
 def _lateness(cfg) -> float:
     return float(getattr(cfg, "allowed_lateness_seconds", 300))
+
+
+def _target(cfg, sides: list[Side]):
+    """What the chunk's design aims at: None (today's precision design) for a classifier that
+    samples only its predicted positives, else its metrics over both sides' strata."""
+    if len(sides) == 1:
+        return None
+    positive = np.concatenate([np.full(sd.strata, sd.positive) for sd in sides])
+    return Target(cfg.metrics.split(","), positive)
+
+
+def _sampled_sides(sides: list[Side], cfg) -> list[Side]:
+    """The sides of a chunk the loop samples now.  A provisional side (one stratum until 25 x K
+    of its items have arrived and RESTRATIFY sets its strata) is never sampled; while the
+    negatives' side is provisional the positives' is sampled alone for precision, if enabled
+    (else nothing is: no other metric can be estimated without both sides)."""
+    if not any(sd.cs is not None and sd.cs.provisional for sd in sides):
+        return sides
+    positives = sides[0]
+    if positives.cs is None or positives.cs.provisional or "precision" not in cfg.metrics.split(","):
+        return []
+    return [positives]

@@ -35,6 +35,14 @@ Per classifier ``<prefix>:{cid}:...``
   hourly              hash   hour (epoch h) -> label requests issued
   lease               string instance id holding the request loop (PX lease, fences ISSUE)
 
+The predicted negatives of a classifier whose metrics need them (recall, F1, accuracy) are
+kept as a state of their own, state id ``<cid>~negatives`` (`negatives_of`): the same keys as
+above under ``<prefix>:{cid}:neg:...`` (the classifier's slot; its own offsets, chunks,
+strata, reservoirs and requests; its request ids start ``<cid>~negatives/``), except the
+lease, which is the classifier's (one owner, one fence for both sides).  ``~`` is not a
+classifier-id character, so no classifier can collide with it, and it is never in
+``classifiers``.
+
 Service-wide ``<prefix>:{_global}:...``
   classifiers         set    classifier ids ever seen
   instances           zset   instance id -> last heartbeat (ms)
@@ -49,6 +57,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 GLOBAL_TAG = "_global"
+#: The state id of a classifier's predicted negatives is the classifier id plus this.
+NEGATIVES_SUFFIX = "~negatives"
+
+
+def negatives_of(cid: str) -> str:
+    """The state id holding classifier `cid`'s predicted negatives (see the table above)."""
+    return cid + NEGATIVES_SUFFIX
+
+
+def owner_of(state_id: str) -> tuple[str, bool]:
+    """``(classifier id, is the negative side)`` of a state id."""
+    if state_id.endswith(NEGATIVES_SUFFIX):
+        return state_id[: -len(NEGATIVES_SUFFIX)], True
+    return state_id, False
 #: The offset scope of the service-wide count of labels naming no classifier.
 UNKNOWN_LABELS_SCOPE = "labels-unknown"
 
@@ -62,7 +84,7 @@ def ingest_chunks(payload: dict) -> list[tuple[str, list[int]]]:
 def _classifier_key(suffix: str, doc: str | None = None):
     """A `Keys` method: the classifier's key ``<prefix>:{cid}:<suffix>`` (see the table above)."""
     def key(self: "Keys", cid: str) -> str:
-        return f"{self.prefix}:{{{cid}}}:{suffix}"
+        return f"{self.classifier(cid)}:{suffix}"
     key.__doc__ = doc or f"``<prefix>:{{cid}}:{suffix}``"
     return key
 
@@ -70,7 +92,7 @@ def _classifier_key(suffix: str, doc: str | None = None):
 def _chunk_key(suffix: str, doc: str | None = None):
     """A `Keys` method: chunk `t`'s key ``<prefix>:{cid}:c:<t>:<suffix>`` (see the table above)."""
     def key(self: "Keys", cid: str, t: int | str) -> str:
-        return f"{self.prefix}:{{{cid}}}:c:{t}:{suffix}"
+        return f"{self.chunk(cid, t)}:{suffix}"
     key.__doc__ = doc or f"``<prefix>:{{cid}}:c:<t>:{suffix}``"
     return key
 
@@ -88,8 +110,10 @@ class Keys:
 
     # ---- per classifier -----------------------------------------------------------------
     def classifier(self, cid: str) -> str:
-        """The per-classifier stem ``<prefix>:{cid}`` every key of the classifier starts with."""
-        return f"{self.prefix}:{{{cid}}}"
+        """The per-classifier stem ``<prefix>:{cid}`` every key of the classifier starts with
+        (``<prefix>:{cid}:neg`` for the state of its predicted negatives, in the same slot)."""
+        owner, negative = owner_of(cid)
+        return f"{self.prefix}:{{{owner}}}:neg" if negative else f"{self.prefix}:{{{owner}}}"
 
     meta = _classifier_key("meta")
     scores_offsets = _classifier_key("offsets:scores")
@@ -98,7 +122,9 @@ class Keys:
     pending = _classifier_key("pending")
     counters = _classifier_key("counters")
     hourly = _classifier_key("hourly")
-    lease = _classifier_key("lease")
+    def lease(self, cid: str) -> str:
+        """``<prefix>:{cid}:lease``: one for a classifier and its predicted negatives."""
+        return f"{self.classifier(owner_of(cid)[0])}:lease"
 
     def request(self, cid: str, rid: str) -> str:
         return f"{self.classifier(cid)}:req:{rid}"

@@ -12,7 +12,7 @@ from redis.exceptions import NoScriptError
 
 from ..stats.sketch import ScoreHistogram
 from . import scripts
-from .keys import UNKNOWN_LABELS_SCOPE, Keys, ingest_chunks
+from .keys import UNKNOWN_LABELS_SCOPE, Keys, ingest_chunks, owner_of
 from .records import ChunkCuts, ChunkState, ReservoirWindow, _vec
 
 __all__ = ["ChunkCuts", "ChunkState", "MAX_STRATA", "ReservoirWindow", "Store"]
@@ -119,7 +119,8 @@ class Store:
             return []
         ingests = [(self.keys.ingest_keys(cid, hint[0] if hint else ingest_chunks(orjson.loads(payload))),
                     [part, expected, new, payload]) for cid, part, expected, new, payload, *hint in calls]
-        res = await self._pipelined("INGEST", ingests, lambda p: p.sadd(self.keys.classifiers, *{c[0] for c in calls}))
+        owners = {owner_of(c[0])[0] for c in calls}  # a classifier's predicted negatives are not a classifier
+        res = await self._pipelined("INGEST", ingests, lambda p: p.sadd(self.keys.classifiers, *owners))
         return [(True, int(r[1]), [(int(r[i]), int(r[i + 1]), float(r[i + 2])) for i in range(2, len(r) - 2, 3)], [])
                 if int(r[0]) == 1 else
                 (False, int(r[1]), [], [(int(r[i]), int(r[i + 1])) for i in range(2, len(r) - 1, 2)])

@@ -1,0 +1,133 @@
+"""Recall, F1 and accuracy end to end (STRATAMETER_METRICS), against the real broker and Redis:
+the service samples the predicted negatives too, each label is folded once on its side, and
+every enabled metric's interval covers the truth computed from the ground truth."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import orjson
+import pytest
+from scipy.special import expit
+
+from stratameter.stats.confusion import METRICS
+from tests.harness import Reviewer, running_service, wait_for
+
+pytestmark = pytest.mark.integration
+
+ITEMS = 4000
+
+
+def population(seed: int = 5):
+    """A whole stream with 5 % prevalence: probabilities, threshold 0.5."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(ITEMS) < 0.05).astype(int)
+    score = expit(np.where(y == 1, rng.normal(1.5, 1.3, ITEMS), rng.normal(-2.5, 1.3, ITEMS)))
+    return score, y
+
+
+def truth_of(score, y) -> dict[str, float]:
+    pred, pos = score >= 0.5, y == 1
+    tp, fp, fn, tn = (int(np.sum(pred & pos)), int(np.sum(pred & ~pos)), int(np.sum(~pred & pos)),
+                      int(np.sum(~pred & ~pos)))
+    return {"precision": tp / (tp + fp), "recall": tp / (tp + fn), "f1": 2 * tp / (2 * tp + fp + fn),
+            "accuracy": (tp + tn) / ITEMS}
+
+
+async def test_all_four_metrics_converge_and_cover_the_truth(kafka_bootstrap, redis_url, unique_name):
+    score, y = population()
+    truth = truth_of(score, y)
+    settings = {"DELTA": "0.1", "CONFIDENCE": "0.999", "MAX_LABELS_PER_HOUR": "20000",
+                "METRICS": "precision,recall,f1,accuracy"}
+    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+        now_ms = int(time.time() * 1000)
+        for i, s in enumerate(score):
+            await run.send_score(classifier_id="fraud", item_id=f"i{i}", score=float(s), event_time=now_ms)
+        answered: dict[str, int] = {}
+
+        async def answer(req):
+            i = int(req["item_id"][1:])
+            assert req["predicted_positive"] == bool(score[i] >= 0.5)
+            assert (req["stratum"] >= 4) == (not req["predicted_positive"])
+            answered[req["request_id"]] = answered.get(req["request_id"], 0) + 1
+            if len(answered) % 40 == 7 and not req["predicted_positive"]:  # answered twice: a duplicate
+                await run.send_label(req["request_id"], bool(y[i]))
+            return bool(y[i])
+
+        async def converged():
+            status, body = await run.get("/v1/classifiers/fraud")
+            doc = orjson.loads(body) if status == 200 else None
+            return doc if doc and doc["status"] == "converged" else None
+
+        async with Reviewer(run, unique_name("rev"), answer) as reviewer:
+            doc = await wait_for(converged, 150, "the four metrics to converge")
+        assert doc["scores"] == ITEMS and doc["population"] == ITEMS
+        assert set(doc["metrics"]) == set(METRICS)
+        for m, iv in doc["metrics"].items():
+            assert iv["ci_upper"] - iv["ci_lower"] <= 2 * 0.1 + 1e-9, (m, iv)
+            assert iv["ci_lower"] <= truth[m] <= iv["ci_upper"], (m, truth[m], iv)
+        assert doc["metrics"]["precision"]["estimate"] == doc["estimate"]
+        sides = {s["stratum"]: s["side"] for s in doc["strata"]}
+        assert {k for k, side in sides.items() if side == "negative"} == {4, 5, 6, 7}
+        assert sum(s["items"] for s in doc["strata"] if s["side"] == "positive") == int(np.sum(score >= 0.5))
+        labels_on_negatives = sum(s["labels"] for s in doc["strata"] if s["side"] == "negative")
+        assert labels_on_negatives > 0
+        assert doc["labels"] == sum(s["labels"] for s in doc["strata"])
+        assert doc["labels_by_outcome"]["accepted"] == doc["labels"]
+        assert doc["labels_by_outcome"]["duplicate"] >= 1  # a negative's second answer is not folded again
+        assert any(not r["predicted_positive"] for r in reviewer.requests)
+        status, body = await run.get("/metrics")
+        text = body.decode()
+        for m in ("recall", "f1", "accuracy"):
+            for suffix in ("", "_ci_lower", "_ci_upper", "_stderr"):
+                assert f'stratameter_{m}{suffix}_ratio{{classifier="fraud"}}' in text, (m, suffix)
+        status, body = await run.get("/v1/classifiers")
+        assert orjson.loads(body) == ["fraud"]  # the negatives' state is not a classifier
+
+
+async def test_multiclass_accuracy_recipe(kafka_bootstrap, redis_url, unique_name):
+    """Score = the model's confidence in its predicted class, every record predicted positive,
+    label = the prediction was right, METRICS=accuracy (README "Multi-class accuracy")."""
+    rng = np.random.default_rng(9)
+    confidence = 0.2 + 0.8 * rng.random(2000)
+    right = rng.random(2000) < confidence
+    settings = {"DELTA": "0.08", "CONFIDENCE": "0.999", "MAX_LABELS_PER_HOUR": "20000", "METRICS": "accuracy"}
+    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+        now_ms = int(time.time() * 1000)
+        for i, c in enumerate(confidence):
+            await run.send_score(classifier_id="tagger", item_id=f"i{i}", score=float(c), predicted_positive=True,
+                                 event_time=now_ms)
+
+        async def converged():
+            status, body = await run.get("/v1/classifiers/tagger")
+            doc = orjson.loads(body) if status == 200 else None
+            return doc if doc and doc["status"] == "converged" else None
+
+        async with Reviewer(run, unique_name("rev"), lambda req: bool(right[int(req["item_id"][1:])])):
+            doc = await wait_for(converged, 90, "accuracy to converge")
+    acc = doc["metrics"]["accuracy"]
+    assert list(doc["metrics"]) == ["accuracy"]
+    assert acc["ci_lower"] <= right.mean() <= acc["ci_upper"]
+    assert acc["ci_upper"] - acc["ci_lower"] <= 2 * 0.08 + 1e-9
+    assert all(s["side"] == "positive" for s in doc["strata"]) and doc["population"] == 2000
+
+
+def test_a_provisional_negatives_side_leaves_precision_sampled():
+    """A chunk whose predicted negatives are too few for strata yet still samples its positives
+    for precision; without precision enabled, or with the positives provisional, nothing."""
+    from types import SimpleNamespace
+
+    from stratameter.requests.loop import Side, _sampled_sides
+
+    def side(provisional, first):
+        cs = SimpleNamespace(provisional=provisional)
+        return Side("c" if first == 0 else "c~negatives", cs, None, first, 0)
+
+    cfg = SimpleNamespace(metrics="precision,recall")
+    both = [side(False, 0), side(False, 4)]
+    assert _sampled_sides(both, cfg) == both
+    assert [s.state_id for s in _sampled_sides([side(False, 0), side(True, 4)], cfg)] == ["c"]
+    assert _sampled_sides([side(True, 0), side(False, 4)], cfg) == []
+    assert _sampled_sides([side(False, 0), side(True, 4)], SimpleNamespace(metrics="recall")) == []
+    assert _sampled_sides([side(True, 0)], SimpleNamespace(metrics="precision")) == []
