@@ -174,15 +174,23 @@ class Workload:
                 **settings}
         return {**os.environ, **{f"STRATAMETER_{k}": v for k, v in base.items()}}
 
-    async def produce(self, producer: AIOKafkaProducer, classifiers, per_classifier: int, extra: list[bytes] = ()):
+    async def produce(self, producer: AIOKafkaProducer, classifiers, per_classifier: int, extra: list[bytes] = (),
+                      seconds: float = 0.0):
+        """`per_classifier` score records for each classifier, interleaved, then `extra` raw values;
+        spread evenly over about `seconds` (a stream arriving while the service runs: a kill
+        lands mid-ingest however fast the service is), or all at once with 0."""
         now_ms = int(time.time() * 1000)
-        for cid in classifiers:
-            for i in range(per_classifier):
+        slices = max(1, per_classifier // 200)
+        for i in range(per_classifier):
+            for cid in classifiers:
                 score = 0.5 + 0.5 * ((i * 7919) % 1000) / 1000
                 item = f"{cid}#{i}"
                 self.truth[item] = int(((i * 104729) % 1000) / 1000 < score)
                 await producer.send(self.topics["scores"], key=cid.encode(), value=orjson.dumps(
                     {"classifier_id": cid, "item_id": item, "score": score, "event_time": now_ms}))
+            if seconds and i % 200 == 199:
+                await producer.flush()
+                await asyncio.sleep(seconds / slices)
         for value in extra:
             await producer.send(self.topics["scores"], key=b"junk", value=value)
         await producer.flush()

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.integration
 
 SETTINGS = {"DELTA": "0.06", "CONFIDENCE": "0.99", "MAX_LABELS_PER_HOUR": "100000",
             "BATCH_MAX_RECORDS": "150"}  # many small batches: kills land mid-stream
+STREAM_SECONDS = 12  # the scores arrive over this long: at full speed the service ingests them in ~2 s,
+# faster than a poll of its API could see a partial count on a quicker machine
 BAD = [b"{oops", b'{"classifier_id":"alpha","item_id":"x","score":NaN}', b'{"classifier_id":"alpha","score":1}']
 
 
@@ -38,16 +40,17 @@ async def test_one_instance_sigkilled_mid_ingest_and_mid_labelling(kafka_bootstr
     service = ServiceProcess(work.env(port, "solo", **SETTINGS), port, str(tmp_path / "service.log"))
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
     await producer.start()
-    await work.produce(producer, classifiers, per, BAD)
+    producing = asyncio.create_task(work.produce(producer, classifiers, per, BAD, seconds=STREAM_SECONDS))
     reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
     try:
-        docs = await _killed_twice_then_converged(service, port, classifiers, len(classifiers) * per, 120)
+        docs = await _killed_twice_then_converged(service, port, classifiers, len(classifiers) * per, 120, producing)
         started = time.monotonic()
         assert service.terminate() == 0, "SIGTERM must close cleanly"
         assert time.monotonic() - started < 10, "SIGTERM must close within a few seconds"
     finally:
+        producing.cancel()
         reviewer.cancel()
-        await asyncio.gather(reviewer, return_exceptions=True)
+        await asyncio.gather(producing, reviewer, return_exceptions=True)
         if service.alive:
             service.kill9()
     dead = await read_topic(kafka_bootstrap, work.topics["dlq"], unique_name("dlq-reader"), timeout=10)
@@ -69,13 +72,14 @@ async def test_sigkilled_while_sampling_predicted_negatives(kafka_bootstrap, red
     service = ServiceProcess(work.env(port, "solo", **settings), port, str(tmp_path / "service.log"))
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
     await producer.start()
-    await work.produce(producer, classifiers, per)
+    producing = asyncio.create_task(work.produce(producer, classifiers, per, seconds=STREAM_SECONDS))
     reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
     try:
-        docs = await _killed_twice_then_converged(service, port, classifiers, per, 150)
+        docs = await _killed_twice_then_converged(service, port, classifiers, per, 150, producing)
     finally:
+        producing.cancel()
         reviewer.cancel()
-        await asyncio.gather(reviewer, return_exceptions=True)
+        await asyncio.gather(producing, reviewer, return_exceptions=True)
         if service.alive:
             service.kill9()
     await producer.stop()
@@ -97,7 +101,7 @@ async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bo
              for i, p in enumerate(ports)]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
     await producer.start()
-    await work.produce(producer, classifiers, per, BAD)
+    producing = asyncio.create_task(work.produce(producer, classifiers, per, BAD, seconds=STREAM_SECONDS))
     reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
     try:
         for p in procs:
@@ -106,6 +110,7 @@ async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bo
         total = len(classifiers) * per
         await wait_for(lambda: _between(scores_counted(last, classifiers), 0, total), 60, "partial ingest")
         procs[0].kill9()  # mid-stream
+        await producing
         if instances == 3:
             await wait_for(lambda: _at_least(labels_folded(last, classifiers), 6), 90, "labels being folded")
             procs[1].kill9()  # mid-labelling
@@ -125,8 +130,9 @@ async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bo
                    for body in [(await http_get(p.port, "/metrics"))[1].decode() for p in procs if p.alive]]
         assert sorted(invalid) == [0.0] * (len(invalid) - 1) + [float(len(BAD))], invalid
     finally:
+        producing.cancel()
         reviewer.cancel()
-        await asyncio.gather(reviewer, return_exceptions=True)
+        await asyncio.gather(producing, reviewer, return_exceptions=True)
         for p in procs:
             if p.alive:
                 p.kill9()
@@ -134,12 +140,15 @@ async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bo
     work.assert_exact(docs, per)
 
 
-async def _killed_twice_then_converged(service, port: int, classifiers, total: int, timeout: float) -> dict:
-    """Start; kill -9 mid-ingest (some but not all of `total` scores counted); restart; kill -9
-    once labels are being folded; restart; the converged documents."""
+async def _killed_twice_then_converged(service, port: int, classifiers, total: int, timeout: float,
+                                       producing: asyncio.Task) -> dict:
+    """Start; kill -9 mid-ingest (some but not all of `total` scores counted, while `producing`
+    still sends them); restart; kill -9 once labels are being folded; restart; the converged
+    documents."""
     service.start()
     await wait_for(lambda: _between(scores_counted(port, classifiers), 0, total), 60, "partial ingest")
     service.kill9()
+    await producing
     service.start()
     await wait_for(lambda: _at_least(labels_folded(port, classifiers), 6), 90, "labels being folded")
     service.kill9()
