@@ -19,7 +19,7 @@ from stratameter.config import (
     Settings,
     load_settings,
 )
-from stratameter.stats.allocation import ALLOCATIONS
+from stratameter.stats.allocation import ALLOCATIONS, SERVICE_ALLOCATIONS
 from stratameter.stats.calibration import SCORE_KINDS
 from stratameter.stats.strata import STRATIFICATIONS
 
@@ -68,7 +68,7 @@ def test_env_overrides():
                           redis_url="rediss://cache.internal:6380/2", redis_key_prefix="sm:prod",
                           http_host="127.0.0.1", http_port="9200", topic_scores="s", topic_label_requests="rq",
                           topic_labels="l", topic_dead_letter="d", delta="0.05", confidence="0.99", strata="6",
-                          stratification="cum_sqrt_f", allocation="OPT", threshold="-1.5", score_kind="logit",
+                          stratification="cum_sqrt_f", allocation="OPT_TRACK", threshold="-1.5", score_kind="logit",
                           chunk_seconds="600", max_labels_per_hour="50", label_timeout_seconds="90.5",
                           round_labels_per_stratum="3", stop_rounds="4", reservoir_size="8",
                           batch_max_records="100", dead_letter_max_per_second="2.5", log_level="debug",
@@ -78,7 +78,7 @@ def test_env_overrides():
                                                                          "sm:prod")
     assert (s.http_host, s.http_port) == ("127.0.0.1", 9200)
     assert (s.topic_scores, s.topic_label_requests, s.topic_labels, s.topic_dead_letter) == ("s", "rq", "l", "d")
-    assert (s.delta, s.confidence, s.strata, s.stratification, s.allocation) == (0.05, 0.99, 6, "cum_sqrt_f", "opt")
+    assert (s.delta, s.confidence, s.strata, s.stratification, s.allocation) == (0.05, 0.99, 6, "cum_sqrt_f", "opt_track")
     assert (s.threshold, s.score_kind, s.chunk_seconds, s.max_labels_per_hour) == (-1.5, "logit", 600, 50)
     assert (s.label_timeout_seconds, s.round_labels_per_stratum, s.stop_rounds, s.reservoir_size) == (90.5, 3, 4, 8)
     assert (s.batch_max_records, s.dead_letter_max_per_second, s.log_level) == (100, 2.5, "DEBUG")
@@ -101,9 +101,13 @@ def test_settings_reads_the_process_environment(monkeypatch):
         Settings()
 
 
-@pytest.mark.parametrize("name", ALLOCATIONS)
-def test_every_allocation_of_the_core_is_accepted(name):
-    assert load_settings(env(allocation=name)).allocation == name
+def test_the_service_offers_only_the_allocation_its_stream_design_runs():
+    """The other allocations of the core are compared in `stratameter simulate`; as a service
+    setting they would be accepted and ignored (the stream design paces and tops up by opt_track)."""
+    assert SERVICE_ALLOCATIONS == ("opt_track",)
+    assert load_settings(env(allocation="opt_track")).allocation == "opt_track"
+    for other in set(ALLOCATIONS) - set(SERVICE_ALLOCATIONS):
+        assert "STRATAMETER_ALLOCATION: must be one of opt_track, got" in str(error_of(env(allocation=other)))
 
 
 def test_choices_come_from_the_stats_core():
@@ -112,7 +116,7 @@ def test_choices_come_from_the_stats_core():
     for k in SCORE_KINDS:
         assert load_settings(env(score_kind=k)).score_kind == k
     msg = str(error_of(env(allocation="neyman")))
-    assert all(a in msg for a in ALLOCATIONS)
+    assert all(a in msg for a in SERVICE_ALLOCATIONS)
 
 
 # --------------------------------------------------------------------------- invalid values
@@ -326,13 +330,13 @@ def overrides(tmp_path, doc) -> dict[str, str]:
 def test_for_classifier(tmp_path):
     s = load_settings({**overrides(tmp_path, {
         "fraud-v3": {"threshold": 0.7, "delta": 0.01, "confidence": 0.9, "strata": 8, "stratification": "equal",
-                     "allocation": "pps", "max_labels_per_hour": 20, "label_timeout_seconds": 600,
+                     "allocation": "opt_track", "max_labels_per_hour": 20, "label_timeout_seconds": 600,
                      "score_kind": "probability"},
         "spam.v1": {"threshold": -2}}), P + "DELTA": "0.04", P + "RESERVOIR_SIZE": "64"})
     f = s.for_classifier("fraud-v3")
     assert isinstance(f, ClassifierConfig) and f.classifier_id == "fraud-v3"
     assert (f.threshold, f.delta, f.confidence, f.strata, f.stratification, f.allocation) == (
-        0.7, 0.01, 0.9, 8, "equal", "pps")
+        0.7, 0.01, 0.9, 8, "equal", "opt_track")
     assert (f.max_labels_per_hour, f.label_timeout_seconds, f.score_kind) == (20, 600.0, "probability")
     assert (f.chunk_seconds, f.reservoir_size, f.round_labels_per_stratum, f.stop_rounds) == (3600, 64, 2, 2)
     spam = s.for_classifier("spam.v1")

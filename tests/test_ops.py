@@ -211,7 +211,7 @@ def test_chart_settings_are_accepted_by_the_service(which, tmp_path):
         assert settings.redis_password.get_secret_value() == "s3cret"
         assert settings.kafka_session_timeout_ms == 15000  # extraEnv wins over the ConfigMap
         assert settings.for_classifier("fraud-v3").max_labels_per_hour == 200
-        assert settings.for_classifier("spam.v1").allocation == "opt"
+        assert settings.for_classifier("spam.v1").allocation == "opt_track"
         assert settings.strata == 6 and settings.delta == 0.01 and settings.reservoir_size == 4096
         assert (settings.max_event_time_skew_seconds, settings.allowed_lateness_seconds) == (60, 7200)
     else:
