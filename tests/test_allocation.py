@@ -60,7 +60,7 @@ def states(draw, with_replacement: bool, min_labels: int = 0):
 
 def run(method, N, n, h, q, D, round_index, seed, with_replacement):
     return allocate(method, N=N, n=n, h=h, q=q, D=D, round_index=round_index, rng=rng(seed),
-                    with_replacement=with_replacement)
+                    with_replacement=with_replacement, first=(n, h))
 
 
 # ---------------------------------------------------------------- small pieces
@@ -130,7 +130,7 @@ def test_every_method_returns_nonnegative_ints_of_the_right_shape(method, data):
     assert got.shape == n.shape
     assert got.dtype.kind == "i"
     assert np.all(got >= 0)
-    if method == "opt_a2" and r == 0:
+    if method in ("opt_a1", "opt_a2") and r == 0:
         assert np.all(got <= 5)  # n_ini per stratum
     else:
         assert np.all(got.sum(axis=-1) <= D)
@@ -139,7 +139,7 @@ def test_every_method_returns_nonnegative_ints_of_the_right_shape(method, data):
         # a short round only when the whole population is labelled: labels a
         # full stratum cannot take go to the strata with room
         room = np.maximum(N - n, 0)
-        if method == "opt_a2" and r == 0:  # n_ini per stratum, all of a smaller one
+        if method in ("opt_a1", "opt_a2") and r == 0:  # n_ini per stratum, all of a smaller one
             assert np.array_equal(got, np.minimum(np.where(N > 0, 5, 0), room))
         else:
             short = got.sum(axis=-1) < D
@@ -154,7 +154,7 @@ def test_every_method_returns_nonnegative_ints_of_the_right_shape(method, data):
 @given(data=st.data())
 def test_with_replacement_rows_sum_to_D(method, data):
     N, n, h, q, D, r, seed = data.draw(states(True))
-    r = max(r, 1)  # opt_a2's round 0 is n_ini per stratum instead
+    r = max(r, 1)  # opt_a1's and opt_a2's round 0 is n_ini per stratum instead
     got = run(method, N, n, h, q, D, r, seed, True)
     assert np.all(got.sum(axis=-1) == D)
 
@@ -178,7 +178,7 @@ def test_all_pure_strata_give_no_labels_to_empty_strata():
 @pytest.mark.parametrize("method", ALLOCATIONS)
 def test_all_pure_strata_every_method_skips_empty_strata(method):
     got = allocate(method, N=[0, 100, 300], n=[0, 5, 5], h=[0, 5, 5], q=[1.0, 1.0, 1.0], D=6,
-                   round_index=3, rng=rng())
+                   round_index=3, rng=rng(), first=([0, 5, 5], [0, 5, 5]))
     assert got[0] == 0 and got.sum() == 6
 
 
@@ -212,7 +212,7 @@ def test_without_replacement_caps_at_the_unlabelled_items_hand_case():
 def test_without_replacement_labels_go_where_there_is_room(method):
     # stratum 0 (3 items) is fully labelled, stratum 1 has 950 unlabelled items
     got = allocate(method, N=[3, 1000], n=[3, 50], h=[1, 50], q=[0.5, 0.9], D=4, round_index=3,
-                   rng=rng(), with_replacement=False)
+                   rng=rng(), with_replacement=False, first=([3, 5], [1, 5]))
     assert got.sum() == 4
 
 
@@ -283,6 +283,27 @@ def test_opt_a2_later_round_hand_cases():
     # every stratum pure: proportional to N
     got = allocate("opt_a2", N=[100, 300], n=[5, 5], h=[5, 0], D=8, round_index=1, rng=rng())
     assert got.tolist() == [2, 6]
+
+
+def test_opt_a1_allocates_by_the_first_labels_alone():
+    """Kumar & Raj (Alg. 1): the shares come from the labels after round 0 and never move."""
+    assert allocate("opt_a1", N=[100, 300, 50], n=[0, 0, 0], h=[0, 0, 0], D=4, round_index=0,
+                    rng=rng()).tolist() == [5, 5, 5]
+    first = (np.array([5, 5]), np.array([1, 2]))  # s_k^2 = (0.2, 0.3): shares 0.2139, 0.7861 (as opt_a2 above)
+    got = allocate("opt_a1", N=[100, 300], n=[5, 5], h=[1, 2], D=10, round_index=1, rng=rng(), first=first)
+    assert got.tolist() == [2, 8]
+    # later labels say both strata are pure: opt_a2 would split proportionally (2.5, 7.5),
+    # opt_a1 keeps the first shares: beyond the first 5 each, target 20 x (0.2139, 0.7861) = (4.28, 15.72)
+    got = allocate("opt_a1", N=[100, 300], n=[7, 13], h=[7, 0], D=10, round_index=2, rng=rng(), first=first)
+    assert got.tolist() == [2, 8]
+    assert allocate("opt_a2", N=[100, 300], n=[7, 13], h=[7, 0], D=10, round_index=2, rng=rng()).tolist() == [3, 7]
+    # over many rounds the labels beyond the first stay within a label of the frozen shares
+    n, h = first[0].copy(), first[1].copy()
+    for r in range(1, 40):
+        n += allocate("opt_a1", N=[100, 300], n=n, h=h, D=3, round_index=r, rng=rng(), first=first)
+        assert np.all(np.abs((n - 5) - (n.sum() - 10) * np.array([0.21393, 0.78607])) <= 1.0 + 1e-3)
+    with pytest.raises(ValueError, match="opt_a1.*first"):
+        allocate("opt_a1", N=[100, 300], n=[5, 5], h=[1, 2], D=10, round_index=1, rng=rng())
 
 
 def test_pps_tracks_cumulative_proportional_targets():

@@ -117,6 +117,7 @@ def run_until_stop(st: StrataTruth, design: Design, protocol: Protocol, runs: in
     D = allocation.round_size(k, protocol.labels_per_stratum)
     n = np.zeros((runs, k), dtype=np.int64)
     h = np.zeros((runs, k), dtype=np.int64)
+    first_n, first_h = n.copy(), h.copy()  # the labels after round 0 (OPT-A1 allocates by them)
     streak = np.zeros(runs, dtype=np.int64)
     out = StopResult(*(np.full(runs, np.nan) for _ in range(4)), np.zeros(runs, bool))
     active = np.arange(runs)
@@ -126,11 +127,13 @@ def run_until_stop(st: StrataTruth, design: Design, protocol: Protocol, runs: in
         na, ha = n[active], h[active]
         alloc = allocation.allocate(
             design.method, N=st.N, n=na, h=ha, q=st.q, D=D, round_index=r, rng=rng,
-            with_replacement=protocol.with_replacement,
+            with_replacement=protocol.with_replacement, first=(first_n[active], first_h[active]),
         )
         hit = _draw(alloc, na, ha, st, rng, protocol.with_replacement)
         na, ha = na + alloc, ha + hit
         n[active], h[active] = na, ha
+        if r == 0:
+            first_n[active], first_h[active] = na, ha
         iv = estimator.interval(st.N, na, ha, protocol.confidence, design.interval,
                                 fpc=not protocol.with_replacement)
         streak[active] = stopping.next_streak(streak[active], iv.halfwidth, protocol.delta)
@@ -180,15 +183,17 @@ def run_budget(st: StrataTruth, design: Design, budgets, runs: int, seed, confid
     h = np.zeros((runs, k), dtype=np.int64)
     shape = (budgets.size, runs)
     res = BudgetResult(budgets, np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan))
-    used, r, b = 0, 0, 0
+    used, r, b, first = 0, 0, 0, None
     while b < budgets.size:
         step = int(min(D, budgets[b] - used))
         alloc = allocation.allocate(design.method, N=st.N, n=n, h=h, q=st.q, D=step, round_index=r,
-                                    rng=rng, with_replacement=with_replacement)
-        if design.method == "opt_a2" and r == 0:
-            step = int(alloc[0].sum())  # OPT-A2's initial round is n_ini per stratum
+                                    rng=rng, with_replacement=with_replacement, first=first)
+        if design.method in ("opt_a1", "opt_a2") and r == 0:
+            step = int(alloc[0].sum())  # OPT-A1/A2's initial round is n_ini per stratum
         h += _draw(alloc, n, h, st, rng, with_replacement)
         n += alloc
+        if r == 0:
+            first = (n.copy(), h.copy())
         used += step
         r += 1
         if not alloc.any():

@@ -124,6 +124,7 @@ def run_whole_until_stop(st: WholeTruth, design: WholeDesign, metrics, protocol:
     fpc = not protocol.with_replacement
     n = np.zeros((runs, k), dtype=np.int64)
     h = np.zeros((runs, k), dtype=np.int64)
+    first_n, first_h = n.copy(), h.copy()  # the labels after round 0 (OPT-A1 allocates by them)
     streak = np.zeros(runs, dtype=np.int64)
     out = WholeResult(np.full(runs, np.nan), *({m: np.full(runs, np.nan) for m in metrics} for _ in range(3)),
                       np.zeros(runs, bool))
@@ -135,10 +136,13 @@ def run_whole_until_stop(st: WholeTruth, design: WholeDesign, metrics, protocol:
         D = max(allocation.round_size(k, protocol.labels_per_stratum), int(ROUND_GROWTH * na[0].sum()))
         scale = confusion.allocation_scale(metrics, st.N, na, ha, st.positive, [v[active] for v in var])
         alloc = allocation.allocate(design.method, N=st.N, n=na, h=ha, q=st.q, D=D, round_index=r, rng=rng,
-                                    with_replacement=protocol.with_replacement, scale=scale)
+                                    with_replacement=protocol.with_replacement, scale=scale,
+                                    first=(first_n[active], first_h[active]))
         ha = ha + _draw(alloc, na, ha, st, rng, protocol.with_replacement)
         na = na + alloc
         n[active], h[active] = na, ha
+        if r == 0:
+            first_n[active], first_h[active] = na, ha
         ivs = {m: confusion.metric_interval(m, st.N, na, ha, st.positive, protocol.confidence, fpc) for m in metrics}
         for v, m in zip(var, metrics):
             v[active] = ivs[m].stderr ** 2

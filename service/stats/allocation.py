@@ -11,6 +11,8 @@ with no items (``N_k = 0``).
 Methods:
 * ``opt``       Bennett & Carvalho (2010, Fig. 1): counts drawn from
   ``Multinomial(D, N_k sigma_k)`` with the m-estimate smoothed ``sigma_k``.
+* ``opt_a1``    Kumar & Raj (Alg. 1): ``n_ini`` per stratum, then Neyman
+  allocation (Eq. 9) on the sample variances of those first labels alone.
 * ``opt_a2``    Kumar & Raj (Alg. 2): ``n_ini`` per stratum, then ``n_step``
   per round by Neyman allocation (Eq. 9) on the plain sample variances.
 * ``opt_conf``  Druck & McCallum (2011, Sec. 5.1, "opt conf online"): as
@@ -27,8 +29,10 @@ import numpy as np
 
 from .estimator import bennett_smoothed, half_label_smoothed
 
-ALLOCATIONS: tuple[str, ...] = ("opt_track", "opt", "opt_a2", "opt_conf", "pps", "uni", "random")
+ALLOCATIONS: tuple[str, ...] = ("opt_track", "opt", "opt_a1", "opt_a2", "opt_conf", "pps", "uni", "random")
 DEFAULT_ALLOCATION = "opt_track"
+#: what the service runs: its stream design (`streams`) paces and tops up by ``opt_track``
+SERVICE_ALLOCATIONS: tuple[str, ...] = (DEFAULT_ALLOCATION,)
 
 #: Druck & McCallum (2011, Sec. 5.2) smooth with 10 pseudo-observations (alpha = 10/N_i).
 PSEUDO_WEIGHT = 10.0
@@ -131,18 +135,53 @@ def allocate_opt_a2(N, n, h, D, round_index: int, n_ini: int = 5, with_replaceme
     A stratum whose labels all agree gets ``s_k = 0`` and no more labels; when
     every stratum is pure the round is split proportionally to ``N_k``.
     """
+    if round_index == 0:
+        return _initial_round(N, n, n_ini, with_replacement)
+    shares = _sample_variance_shares(N, n, h, scale)
+    return _cap(largest_remainder(shares, D), N, n, with_replacement, shares)
+
+
+def allocate_opt_a1(N, n, first_n, first_h, D, round_index: int, n_ini: int = 5, with_replacement=True,
+                    scale=None) -> np.ndarray:
+    """Kumar & Raj (Alg. 1, OPT-A1): round 0 labels ``n_ini`` per stratum; all
+    later labels follow Neyman allocation (Eq. 9) on the sample variances
+    (Eq. 3) of those first labels alone (`first_n`, `first_h`: the labels and
+    positives after round 0), never re-estimated.
+
+    The paper spends a fixed budget ``n - K n_ini`` in one step; the online
+    loop stops when the interval is narrow enough instead, so each round's
+    ``D`` labels go where the cumulative labels beyond the first fall shortest
+    of those frozen shares (the deficit rule of `allocate_opt_track`): after
+    any number of rounds the allocation is the one OPT-A1 would have made for
+    that budget, to within one label per stratum.
+    """
+    if round_index == 0:
+        return _initial_round(N, n, n_ini, with_replacement)
+    shares = _sample_variance_shares(N, first_n, first_h, scale)
+    beyond = np.asarray(n, dtype=float) - np.asarray(first_n, dtype=float)
+    return _cap(_track(shares, beyond, D), N, n, with_replacement, shares)
+
+
+def _initial_round(N, n, n_ini: int, with_replacement: bool) -> np.ndarray:
+    """OPT-A1/A2's round 0: ``n_ini`` per non-empty stratum (all of a smaller one)."""
+    N = np.asarray(N, dtype=float)
+    shape = np.broadcast_shapes(N.shape, np.shape(n))
+    first = np.where(np.broadcast_to(N, shape) > 0, n_ini, 0).astype(np.int64)
+    return first if with_replacement else np.minimum(first, np.maximum(N - n, 0).astype(np.int64))
+
+
+def _sample_variance_shares(N, n, h, scale=None) -> np.ndarray:
+    """Neyman shares ``N_k s_k`` on the plain unbiased sample variance
+    ``s_k^2 = n_k/(n_k-1) p_k(1-p_k)`` (Kumar & Raj, Eq. 3 and 9); when every
+    stratum's labels agree, ``N_k`` (proportional)."""
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     shape = np.broadcast_shapes(N.shape, n.shape)
-    if round_index == 0:  # n_ini per non-empty stratum (all of a smaller one)
-        first = np.where(np.broadcast_to(N, shape) > 0, n_ini, 0).astype(np.int64)
-        return first if with_replacement else np.minimum(first, np.maximum(N - n, 0).astype(np.int64))
     p = np.asarray(h, dtype=float) / np.maximum(n, 1.0)
     s2 = np.where(n > 1, n / np.maximum(n - 1.0, 1.0), 0.0) * p * (1 - p)
     shares = np.broadcast_to(N * np.sqrt(s2) * (1.0 if scale is None else np.asarray(scale, dtype=float)), shape)
     pure = shares.sum(axis=-1, keepdims=True) <= 0
-    shares = np.where(pure, np.broadcast_to(N, shape), shares)
-    return _cap(largest_remainder(shares, D), N, n, with_replacement, shares)
+    return np.where(pure, np.broadcast_to(N, shape), shares)
 
 
 def allocate_proportional(N, n, D, with_replacement=True) -> np.ndarray:
@@ -230,11 +269,13 @@ def allocate(
     with_replacement: bool = True,
     n_ini: int = 5,
     scale=None,
+    first=None,
 ) -> np.ndarray:
     """Labels per stratum for the next round of `method` (see module docstring).
 
     ``scale`` (per stratum) weights the variance-driven methods' Neyman shares
-    (see `neyman_shares`); the proportional and uniform methods ignore it."""
+    (see `neyman_shares`); the proportional and uniform methods ignore it.
+    ``first`` is ``(n, h)`` after round 0, which ``opt_a1`` needs from round 1 on."""
     N = np.asarray(N)
     if D < 1:
         raise ValueError(f"round size must be >= 1, got {D!r}")
@@ -248,6 +289,11 @@ def allocate(
         return allocate_opt_conf(N, n, h, q, D, rng, with_replacement, scale)
     if method == "opt_a2":
         return allocate_opt_a2(N, n, h, D, round_index, n_ini, with_replacement, scale)
+    if method == "opt_a1":
+        if round_index > 0 and first is None:
+            raise ValueError("allocation 'opt_a1' needs the labels after round 0 (first=(n, h)) from round 1 on")
+        first_n, first_h = (n, h) if first is None else first
+        return allocate_opt_a1(N, n, first_n, first_h, D, round_index, n_ini, with_replacement, scale)
     if method in ("pps", "random"):
         return allocate_proportional(N, n, D, with_replacement)
     if method == "uni":
