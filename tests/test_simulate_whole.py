@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from stratameter.cli import main
-from stratameter.simulate.whole import WholeDesign, prepare_whole
-from stratameter.simulate.whole_populations import WHOLE_BUILTIN, whole_builtin
+from stratameter.simulate.whole import WholeDesign, margin_strata, prepare_whole
+from stratameter.simulate.whole_populations import WHOLE_BUILTIN, WholeStream, whole_builtin
 
 
 def run_json(capsys, *args) -> dict:
@@ -66,6 +66,26 @@ def test_simulate_every_method_and_stratification_side_by_side(capsys):
                                                                   "equal+cum_sqrt_f"}
 
 
+def test_margin_strata_hand_case():
+    """Kumar & Raj's |margin| strata: z = |score - t| pools both sides, the variable is
+    'the prediction was right', the prior the calibrated chance of being right."""
+    pop = WholeStream("hand", np.array([-2.0, -1.0, 1.0, 2.0]), np.array([0, 1, 1, 0], np.int8), 0.0)
+    st = margin_strata(pop, 2, "perc")  # right = (1, 0, 1, 0); z = (2, 1, 1, 2)
+    assert st.N.tolist() == [2, 2] and st.G.tolist() == [1, 1] and st.positive.all()
+    # z = 1: 1 - expit(-1) below the threshold, expit(1) above: both expit(1); z = 2 likewise
+    assert st.q == pytest.approx([1 / (1 + np.exp(-1)), 1 / (1 + np.exp(-2))])
+    assert (st.G.sum() / st.N.sum()) == pop.truth("accuracy")
+    assert prepare_whole(pop, WholeDesign(strata=2, margin=True), ["accuracy"]).N.tolist() == [2, 2]
+
+
+def test_simulate_accuracy_with_margin_strata_beside_the_two_sided_design(capsys):
+    doc = run_json(capsys, "--metric", "accuracy", "--builtin", "svm-two-sided", "--runs", "40", "--delta", "0.05",
+                   "--margin-strata", "--methods", "opt_track,opt_a1")
+    assert [m["stratification"] for m in doc["methods"]] == [
+        "none", "perc+cum_sqrt_f", "perc on |margin|", "perc+cum_sqrt_f", "perc on |margin|"]
+    assert [m["method"] for m in doc["methods"]][3:] == ["opt_a1", "opt_a1"]
+
+
 def test_simulate_multiclass_accuracy_from_a_file_without_threshold(tmp_path, capsys):
     rng = np.random.default_rng(3)
     conf = 0.2 + 0.8 * rng.random(3000)
@@ -92,6 +112,9 @@ def test_precision_on_a_whole_stream_population_is_todays_study(capsys):
     (["--metric", "recall", "--negative-stratifications", "bogus"], "--negative-stratifications"),
     (["--metric", "recall", "--builtin", "moderation", "--threshold", "0.3"], "--threshold"),
     (["--negative-strata", "6"], "--negative-strata"),
+    (["--margin-strata"], "--margin-strata"),
+    (["--metric", "recall", "--margin-strata"], "--margin-strata needs --metric accuracy"),
+    (["--metric", "accuracy", "--builtin", "multiclass-confidence", "--margin-strata"], "with a threshold"),
     (["--metric", "recall", "--scenario", "slow"], "--scenario"),
 ])
 def test_simulate_metric_errors_name_the_option(args, option, capsys):

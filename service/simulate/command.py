@@ -97,6 +97,9 @@ def _add_metric_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--negative-stratifications", default=None,
                    help=f"comma list of {','.join(STRATIFICATIONS)} or 'all' for the predicted negatives "
                         "(default: the default design's)")
+    p.add_argument("--margin-strata", action="store_true",
+                   help="with --metric accuracy: also Kumar & Raj's strata on |score - threshold| pooled across "
+                        "both sides (label = the prediction was right), beside the two-sided design")
 
 
 def _list(value: str | None, universe, option: str) -> list[str] | None:
@@ -192,8 +195,9 @@ def main(args) -> int:
     try:
         _check(args)
         _check_stream(args)
-        if args.negative_stratifications is not None or args.negative_strata != 4:
-            raise ValueError("--negative-strata and --negative-stratifications need --metric recall, f1 or accuracy")
+        if args.negative_stratifications is not None or args.negative_strata != 4 or args.margin_strata:
+            raise ValueError("--negative-strata, --negative-stratifications and --margin-strata need --metric "
+                             "recall, f1 or accuracy")
         name = args.builtin or "calibrated"
         if args.population:
             pop = load(args.population, args.threshold)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..stats import allocation, confusion, stopping
-from ..stats.calibration import stratum_mean_probability
+from ..stats.calibration import resolve_kind, stratum_mean_probability, to_probability
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import assign, boundaries
 from .engine import Protocol, _draw
@@ -45,11 +45,16 @@ class WholeDesign:
     strata: int = 4
     negative_stratification: str = confusion.DEFAULT_NEGATIVE_STRATIFICATION
     negative_strata: int = 4
+    #: Kumar & Raj's strata for the accuracy of two-sided scores: `strata` strata on
+    #: |score - threshold| pooled across both sides (`margin_strata`), accuracy only
+    margin: bool = False
 
     @property
     def label(self) -> str:
         if self.method == "random":
             return "random"
+        if self.margin:
+            return f"{self.method}/{self.stratification} on |margin|"
         return f"{self.method}/{self.stratification}+{self.negative_stratification}"
 
 
@@ -87,6 +92,8 @@ def prepare_whole(pop: WholeStream, design: WholeDesign, metrics) -> WholeTruth:
     proportional allocation: the sample's sides are known, so this is simple
     random sampling post-stratified on the (known) side sizes.
     """
+    if design.margin:
+        return margin_strata(pop, design.strata, design.stratification)
     random = design.method == "random"
     pred = pop.predicted_positive
     labels = pop.labels.astype(float)
@@ -98,6 +105,31 @@ def prepare_whole(pop: WholeStream, design: WholeDesign, metrics) -> WholeTruth:
     N, G, q = (np.concatenate([a, b]) for a, b in zip(pos, neg))
     positive = np.concatenate([np.ones(pos[0].size, bool), np.zeros(neg[0].size, bool)])
     return WholeTruth(N.astype(np.int64), G.astype(np.int64), q, positive)
+
+
+def margin_strata(pop: WholeStream, k: int, method: str) -> WholeTruth:
+    """Kumar & Raj (Sec. 3.3): for the accuracy of a classifier with two-sided scores,
+    strata on z = |score - threshold| across both sides, the variable being "the
+    prediction was right".  Every stratum is marked positive, so the confusion code's
+    accuracy (``TP / N`` with no negative stratum) is the stratified mean of that
+    variable.  The prior ``q`` per stratum is the mean calibrated chance of being right
+    (``p`` above the threshold, ``1 - p`` below).
+
+    Each of these strata is the union of a positive-side and a negative-side stratum of
+    the two-sided design; splitting a stratum never increases the variance under
+    proportional allocation, which is why the service keeps the sides apart (and
+    needs them apart for recall and F1)."""
+    pred = pop.predicted_positive
+    z = np.abs(pop.scores - pop.threshold)
+    right = (pop.labels.astype(bool) == pred).astype(float)
+    stratum = assign(z, boundaries(ScoreHistogram.from_scores(z), k, method))
+    p = to_probability(pop.scores, resolve_kind("auto", float(pop.scores.min()), float(pop.scores.max())))
+    N = np.bincount(stratum)
+    G = np.bincount(stratum, weights=right, minlength=N.size)
+    chance = np.bincount(stratum, weights=np.where(pred, p, 1.0 - p), minlength=N.size)
+    keep = N > 0
+    q = chance[keep] / N[keep]
+    return WholeTruth(N[keep].astype(np.int64), G[keep].astype(np.int64), q, np.ones(int(keep.sum()), bool))
 
 
 def max_labels(pop: WholeStream, protocol: Protocol) -> int:

@@ -60,10 +60,13 @@ def _request(args) -> WholeStudyRequest:
     if args.negative_strata < 1:
         raise ValueError("--negative-strata must be >= 1")
     pop = _defined(args)
+    if args.margin_strata and (args.metric != "accuracy" or pop.threshold is None):
+        raise ValueError("--margin-strata needs --metric accuracy on a population with a threshold (strata that "
+                         "pool both sides estimate the share of right predictions, not recall or F1)")
     designs = whole_designs(_list(args.methods, ALLOCATIONS, "--methods"),
                             _list(args.stratifications, STRATIFICATIONS, "--stratifications"),
                             _list(args.negative_stratifications, STRATIFICATIONS, "--negative-stratifications"),
-                            args.strata, args.negative_strata)
+                            args.strata, args.negative_strata, args.margin_strata)
     protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha)
     return WholeStudyRequest(pop, args.metric, designs, protocol, args.runs, args.seed)
 
@@ -75,8 +78,9 @@ def main(args) -> int:
             _check_stream(args)
             if args.negative_strata < 1:
                 raise ValueError("--negative-strata must be >= 1")
-            if args.negative_stratifications is not None:
-                raise ValueError("--negative-stratifications does not apply with --stream (the default design)")
+            if args.negative_stratifications is not None or args.margin_strata:
+                raise ValueError("--negative-stratifications and --margin-strata do not apply with --stream "
+                                 "(the default design)")
             pop = _defined(args)
         else:
             req = _request(args)

@@ -44,9 +44,10 @@ class WholeStudyRequest:
     seed: int
 
 
-def whole_designs(methods, stratifications, negative_stratifications, strata: int, negative_strata: int
-                  ) -> list[WholeDesign]:
-    """Random first, then every method x positive x negative stratification."""
+def whole_designs(methods, stratifications, negative_stratifications, strata: int, negative_strata: int,
+                  margin: bool = False) -> list[WholeDesign]:
+    """Random first, then every method x positive x negative stratification; with `margin`
+    also every method x stratification on |score - threshold| (`WholeDesign.margin`)."""
     for m in methods or []:
         if m not in ALLOCATIONS:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(ALLOCATIONS)}")
@@ -60,6 +61,8 @@ def whole_designs(methods, stratifications, negative_stratifications, strata: in
         for s in stratifications or [WholeDesign().stratification]:
             for ns in negative_stratifications or [DEFAULT_NEGATIVE_STRATIFICATION]:
                 out.append(WholeDesign(m, s, strata, ns, negative_strata))
+            if margin:
+                out.append(WholeDesign(m, s, strata, margin=True))
     return out
 
 
@@ -100,7 +103,7 @@ def summarise_whole(req: WholeStudyRequest, results: list[dict]) -> list[DesignS
     rows = []
     for d, r in zip(req.designs, results):
         labels = r["labels"]
-        strat = "none" if d.method == "random" else f"{d.stratification}+{d.negative_stratification}"
+        strat = "none" if d.method == "random" else d.label.partition("/")[2]
         rows.append(DesignSummary(
             method=d.method, stratification=strat, labels_mean=float(labels.mean()),
             labels_se=float(labels.std(ddof=1) / math.sqrt(labels.size)) if labels.size > 1 else 0.0,
