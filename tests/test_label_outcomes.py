@@ -10,6 +10,8 @@ import time
 import orjson
 import pytest
 
+from redis.asyncio import Redis
+
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration
@@ -73,6 +75,8 @@ async def test_foreign_unknown_and_duplicate_labels(kafka_bootstrap, redis_url, 
         await run.send_label(f"b/{token}", True)  # a's token under b's name: unknown, never folded into b
         await run.send_label("no-classifier-here", True)
         await run.send_label("not a classifier/token", True)  # a prefix that is no valid classifier id
+        for ghost in ("ghost-00001/t1", "ghost-00002/t2", "ghost-00001/t3", "a~negatives/t4"):
+            await run.send_label(ghost, True)  # made-up classifiers (and a state never created): no key, unknown
         await run.send_label(a_req["request_id"], True)
         await run.send_label(a_req["request_id"], False)  # duplicate: the first answer stands
         await run.producer.send(run.topics["labels"], value=b'{"request_id": "a/x"}')  # label missing: invalid
@@ -80,11 +84,20 @@ async def test_foreign_unknown_and_duplicate_labels(kafka_bootstrap, redis_url, 
         async def settled():
             _, body = await run.get("/metrics")
             text = body.decode()
-            return text if 'outcome="duplicate"} 1.0' in text and 'outcome="unknown"} 3.0' in text else None
+            return text if 'outcome="duplicate"} 1.0' in text and 'outcome="unknown"} 7.0' in text else None
         text = await wait_for(settled, 30, "label outcomes")
         assert 'stratameter_labels_total{classifier="a",outcome="accepted"} 1.0' in text
         assert 'stratameter_labels_total{classifier="b",outcome="accepted"} 0.0' in text
-        assert 'stratameter_labels_total{classifier="",outcome="unknown"} 3.0' in text
+        # every unknown answer in one series: b's, 2 unroutable and 4 made up (before: the made-up ones
+        # were counted in hashes of classifiers that do not exist, and exported nowhere)
+        assert 'stratameter_labels_total{classifier="",outcome="unknown"} 7.0' in text
+        redis = Redis.from_url(redis_url)
+        try:
+            prefix = run.service.settings.redis_key_prefix
+            assert [k async for k in redis.scan_iter(f"{prefix}:{{ghost*")] == []
+            assert [k async for k in redis.scan_iter(f"{prefix}:{{a}}:neg:*")] == []
+        finally:
+            await redis.aclose()
         assert 'stratameter_invalid_messages_total{reason="missing_field:label"' in text
         _, body = await run.get("/v1/classifiers/a")
         doc = orjson.loads(body)

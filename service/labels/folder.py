@@ -45,9 +45,9 @@ class LabelFolder:
     async def apply(self, partition: int, offsets, request_ids, labels, labelers) -> list[LabelOutcome]:
         """Fold a parsed batch; returns one outcome per record.
 
-        Request ids that name no classifier cannot be routed to any state and
-        are reported as ``unknown`` for the caller to count under the global
-        offset guard.
+        Request ids that name no classifier, or one with no state (made up),
+        cannot be routed to any state and are reported as ``unknown`` with
+        classifier ``""`` for the caller to count under the global offset guard.
         """
         now_ms = int(time.time() * 1000)
         calls, where, out = [], [], []
@@ -62,6 +62,9 @@ class LabelFolder:
         if calls:
             for (i, cid), res in zip(where, await self.store.apply_labels(calls)):
                 outcome = res[0]
+                if outcome == "no_state":  # a made-up classifier part: no state, no key created
+                    out.append(LabelOutcome(i, "", "unknown"))
+                    continue
                 chunk = int(res[1]) if len(res) > 1 else None
                 stratum = int(res[2]) if len(res) > 2 else None
                 out.append(LabelOutcome(i, cid, outcome, chunk, stratum))

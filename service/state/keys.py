@@ -176,8 +176,9 @@ class Keys:
                 + [self.reservoir(cid, t, k) for k in range(strata)])
 
     def label_keys(self, cid: str, rid: str, chunk: str) -> list[str]:
-        """LABEL: the classifier's, the request's, and (if `chunk`) that chunk's counts."""
-        keys = [self.labels_offsets(cid), self.counters(cid), self.pending(cid), self.request(cid, rid)]
+        """LABEL: the classifier's, the request's, its meta (does the state exist?), and (if
+        `chunk`) that chunk's counts."""
+        keys = [self.labels_offsets(cid), self.counters(cid), self.pending(cid), self.request(cid, rid), self.meta(cid)]
         if chunk:
             keys += [self.chunk_replace(cid, chunk), self.chunk_labels(cid, chunk), self.chunk_positives(cid, chunk)]
         return keys

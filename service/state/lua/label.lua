@@ -1,6 +1,6 @@
 -- LABEL: fold one label record into its request's chunk, exactly once.
--- KEYS: offsets:labels, counters, pending, req:<rid>, and, when the caller found the request's
---   chunk <t> in req:<rid>: c:<t>:replace, c:<t>:n, c:<t>:h.
+-- KEYS: offsets:labels, counters, pending, req:<rid>, meta, and, when the caller found the
+--   request's chunk <t> in req:<rid>: c:<t>:replace, c:<t>:n, c:<t>:h.
 -- ARGV: partition, offset, request id, label ('1', '0' or 'null': skipped), now_ms, labeler,
 --   the chunk the caller read from req:<rid> ('' if none), the offset of the previous call for
 --   this classifier and partition in the same pipeline ('' if none).
@@ -9,14 +9,19 @@
 -- answer but names another chunk than the one read refuses ({'retry'}, nothing changed; the
 -- caller reads again and retries).  So that a retried label cannot fall behind a later offset
 -- of its partition, a call whose predecessor in the pipeline was refused refuses too.
--- Returns {outcome[, chunk, stratum]}: replay, retry, unknown, duplicate, expired, skipped, accepted.
+-- A state that does not exist (no meta: the request id's classifier part was made up) is left
+-- untouched ({'no_state'}): the caller counts the label service-wide, so an outsider's made-up
+-- ids create no key.
+-- Returns {outcome[, chunk, stratum]}: replay, retry, no_state, unknown, duplicate, expired,
+-- skipped, accepted.
 local okey, cnt, pending, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
 if tonumber(ARGV[2]) <= stored then return {'replay'} end
 if ARGV[8] ~= '' and stored < tonumber(ARGV[8]) then return {'retry'} end
 local st = redis.call('HGET', rk, 'state')
 local chunk = redis.call('HGET', rk, 'chunk')
-if (st == 'new' or st == 'pending') and (chunk ~= ARGV[7] or #KEYS < 7) then return {'retry'} end
+if (st == 'new' or st == 'pending') and (chunk ~= ARGV[7] or #KEYS < 8) then return {'retry'} end
+if not st and redis.call('EXISTS', KEYS[5]) == 0 then return {'no_state'} end
 redis.call('HSET', okey, ARGV[1], ARGV[2])
 if not st then
   redis.call('HINCRBY', cnt, 'labels_unknown', 1)
@@ -30,7 +35,7 @@ if st == 'expired' then
   redis.call('HINCRBY', cnt, 'labels_expired', 1)
   return {'expired'}
 end
-local replace, nkey, hkey = KEYS[5], KEYS[6], KEYS[7]
+local replace, nkey, hkey = KEYS[6], KEYS[7], KEYS[8]
 local k = redis.call('HGET', rk, 'stratum')
 redis.call('ZREM', pending, ARGV[3])
 if ARGV[4] == 'null' then
