@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -477,3 +478,19 @@ async def test_subprocess_errors_never_show_secrets(tmp_path, kafka_bootstrap, u
 def test_plain_embedded_redis_still_works_unsecured():
     """The secure subclass leaves `EmbeddedRedis` itself alone (no users, no TLS)."""
     assert "--tls-port" not in EmbeddedRedis()._argv() and "--user" not in EmbeddedRedis()._argv()
+
+
+@pytest.mark.integration
+def test_a_taken_http_port_is_one_line_naming_the_setting(unique_name):
+    """Like every start failure: exit 1 and one line naming the setting, no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
+        env = _service_env(port, topics, unique_name("g"), unique_name("sm"))
+        proc = subprocess.run([sys.executable, "-m", "stratameter.cli", "run"], env=env, capture_output=True,
+                              text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "STRATAMETER_HTTP_PORT" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -132,7 +132,12 @@ async def run(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stopping.set)
-    server = await serve(service, settings.http_host, settings.http_port)
+    try:
+        server = await serve(service, settings.http_host, settings.http_port)
+    except OSError as exc:  # a port in use or not ours to bind: one line naming the settings
+        log.error("cannot start: STRATAMETER_HTTP_HOST/STRATAMETER_HTTP_PORT: cannot listen on %s:%d: %s",
+                  settings.http_host, settings.http_port, exc.strerror or exc)
+        return 1
     try:
         await service.start()
     except StartupError as exc:
