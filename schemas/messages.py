@@ -127,6 +127,8 @@ REJECT_REASONS: dict[str, str] = {
                             "STRATAMETER_MAX_EVENT_TIME_SKEW_SECONDS after the service's clock",
     "event_time_too_late": "the event time's chunk has closed (its end is more than "
                            "STRATAMETER_ALLOWED_LATENESS_SECONDS in the past)",
+    "too_many_classifiers": "a score for a classifier id not seen before while STRATAMETER_MAX_CLASSIFIERS "
+                            "classifiers exist: it creates no state",
     "context_too_large": f"context is larger than {MAX_CONTEXT_BYTES} bytes serialized compactly (or nests too deeply)",
     "bad_request_id": f"request_id is empty or longer than {MAX_REQUEST_ID_CHARS} characters",
     "bad_labeler_id": f"labeler_id is longer than {MAX_LABELER_ID_CHARS} characters",

@@ -201,6 +201,13 @@ class ScoreBatch:
     def __len__(self) -> int:
         return len(self.classifier_id)
 
+    def subset(self, keep: np.ndarray) -> "ScoreBatch":
+        """The rows where the boolean mask `keep` is true."""
+        rows = np.flatnonzero(keep)
+        return ScoreBatch(self.index[rows], [self.classifier_id[j] for j in rows], [self.item_id[j] for j in rows],
+                          self.score[rows], self.predicted_positive[rows], self.event_time_ms[rows],
+                          [self.context[j] for j in rows])
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class LabelBatch:

@@ -15,8 +15,9 @@ from aiokafka import TopicPartition
 from redis.exceptions import RedisError
 
 from stratameter.schemas.messages import FOLDED_OUTCOMES, LABEL_OUTCOME_REJECTS
-from stratameter.schemas.parse import parse_labels, parse_scores
+from stratameter.schemas.parse import ScoreBatch, parse_labels, parse_scores
 from ..config import Settings
+from ..ingest.admission import ClassifierAdmission
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
 from ..labels.folder import LabelFolder
 from ..state.keys import UNKNOWN_LABELS_SCOPE
@@ -101,6 +102,7 @@ class BatchHandler:
                  dead_letters: DeadLetters, wake: asyncio.Event) -> None:
         self.settings, self.ingestor, self.folder = settings, ingestor, folder
         self.counts, self.dead_letters, self.wake = counts, dead_letters, wake
+        self.admission = ClassifierAdmission(ingestor.store, settings.max_classifiers)
 
     async def stage(self, tp: TopicPartition, records, window: tuple[int, int], retry: bool = False
                     ) -> StagedBatch | None:
@@ -115,17 +117,33 @@ class BatchHandler:
             batch, rejects = parse_labels(values, stamps)
             return StagedBatch(offsets, batch, list(rejects), None)
         batch, rejects = parse_scores(values, stamps, self.settings.threshold_for, window=window)
+        rejects = list(rejects)
         prepared = None
         if batch.index.size:
             try:
-                prepared = await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
+                batch = await self._admitted(batch, rejects)
+                prepared = None if not batch.index.size else await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
                                                        batch.item_id, batch.score, batch.predicted_positive,
                                                        batch.event_time_ms, batch.context, reload_offsets=retry)
             except (RedisError, OSError, asyncio.TimeoutError):
                 if retry:
                     raise
                 return None
-        return StagedBatch(offsets, batch, list(rejects), prepared)
+        return StagedBatch(offsets, batch, rejects, prepared)
+
+    async def _admitted(self, batch: ScoreBatch, rejects: list) -> ScoreBatch:
+        """The batch without the records of new classifier ids beyond the cap (`ingest.admission`),
+        which go to `rejects` (dead-lettered and counted, creating no state)."""
+        refused = await self.admission.refused(batch.classifier_id)
+        if not refused:
+            return batch
+        keep = np.fromiter((c not in refused for c in batch.classifier_id), dtype=bool, count=len(batch))
+        cap = self.admission.cap
+        for j in np.flatnonzero(~keep):
+            rejects.append((int(batch.index[j]), "too_many_classifiers",
+                            f"classifier_id {batch.classifier_id[j]!r} is new and {cap} classifiers exist "
+                            f"(STRATAMETER_MAX_CLASSIFIERS)"))
+        return batch.subset(keep)
 
     async def apply(self, tp: TopicPartition, records, staged: StagedBatch) -> None:
         """Apply a staged partition batch: state, service-wide counts, dead letters (acked)."""

@@ -134,6 +134,8 @@ class Settings(ClientOptions, BaseSettings):
     max_event_time_skew_seconds: Annotated[int, in_range(0), CARRY] = 300
     # at most history_chunks x chunk_seconds; left unset, 300 or that product if smaller (below)
     allowed_lateness_seconds: Annotated[int, in_range(0), CARRY] = 300
+    # every classifier id creates state, series and a request loop: new ids past this are dead-lettered
+    max_classifiers: AtLeast1 = 10_000
     # process
     batch_max_records: AtLeast1 = 5000
     dead_letter_max_per_second: Annotated[float, check(positive)] = 1000.0

@@ -348,6 +348,12 @@ class Store:
     async def classifiers(self) -> list[str]:
         return sorted(m.decode() for m in await self.redis.smembers(self.keys.classifiers))
 
+    async def known_classifiers(self, cids: list[str]) -> list[bool]:
+        return [bool(x) for x in await self.redis.smismember(self.keys.classifiers, cids)] if cids else []
+
+    async def classifier_count(self) -> int:
+        return int(await self.redis.scard(self.keys.classifiers))
+
     async def chunk_ids(self, cid: str) -> list[int]:
         return [int(x) for x in await self.redis.zrange(self.keys.chunks(cid), 0, -1)]
 
