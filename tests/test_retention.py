@@ -62,3 +62,32 @@ async def test_issued_requests_expire_after_retention(redis_url, unique_name):
     ttl = await redis.pttl(store.keys.request("c", "c/tok"))
     assert ttl > 0
     await redis.aclose()
+
+
+async def test_the_process_caches_keep_open_chunks_only(redis_url, unique_name):
+    """A long-running replica gains no cache entry per classifier and chunk for good: the
+    ingestor keeps the cuts of open chunks (the batch handler tells it the oldest open one),
+    the request loop what it looked at in the chunks it steps."""
+    from stratameter.requests.loop import RequestLoop
+
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": "1"})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("cache"))
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    for t in range(30):
+        n = 200
+        for cid in ("c", "d"):
+            await ingest.apply(0, np.arange(t * n, (t + 1) * n), [cid] * n, [f"i{t}-{j}" for j in range(n)],
+                               rng.random(n), np.ones(n, bool), np.full(n, 1_700_000_000_000 + 1000 * t + 5),
+                               [None] * n)
+        ingest.forget_closed_chunks(1_700_000_000 + t - 1)  # the chunk before this one still open
+    assert sorted(ingest._cuts) == [("c", 1_700_000_028), ("c", 1_700_000_029), ("d", 1_700_000_028),
+                                    ("d", 1_700_000_029)]
+    assert all(t >= 1_700_000_028 for _, t in ingest._cutoffs)
+    loop = RequestLoop(store, settings, publish=None)
+    loop._seen["c"] = {t: () for t in range(30)}
+    loop._priors["c~negatives"] = {t: (1.0, np.ones(1)) for t in range(30)}
+    loop._forget_inactive("c", [("c", True), ("c~negatives", False)], [28, 29])
+    assert list(loop._seen["c"]) == [28, 29] and list(loop._priors["c~negatives"]) == [28, 29]
+    await redis.aclose()

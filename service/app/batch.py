@@ -118,6 +118,7 @@ class BatchHandler:
             return StagedBatch(offsets, batch, list(rejects), None)
         batch, rejects = parse_scores(values, stamps, self.settings.threshold_for, window=window)
         rejects = list(rejects)
+        self.ingestor.forget_closed_chunks(window[0] // (1000 * self.settings.chunk_seconds))
         prepared = None
         if batch.index.size:
             try:

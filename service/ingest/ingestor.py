@@ -94,6 +94,17 @@ class ScoreIngestor:
         # largest priority kept and the stratum's threshold; inf: not full or not known).
         # Only ever decreases, so a stale value is merely less selective.
         self._cutoffs: dict[tuple[str, int], np.ndarray] = {}
+        self._oldest_open = -1  # chunks before it have closed: `forget_closed_chunks`
+
+    def forget_closed_chunks(self, oldest_open: int) -> None:
+        """Drop the cached cuts and cutoffs of the chunks before `oldest_open`: closed, no score
+        reaches them any more (so the caches hold the open chunks' entries, not one per
+        classifier and chunk for good).  Scans the caches once per new chunk."""
+        if oldest_open <= self._oldest_open:
+            return
+        self._oldest_open = oldest_open
+        for key in [k for k in self._cuts if k[1] < oldest_open] + [k for k in self._cutoffs if k[1] < oldest_open]:
+            self._forget_chunk(*key)
 
     def forget_partition(self, partition: int) -> None:
         """Drop cached offsets of a partition this instance no longer owns."""

@@ -90,8 +90,10 @@ class RequestLoop:
         self.publish = publish
         self.instance = settings.instance_id
         self._purged: dict[str, int] = {}  # state -> newest chunk when last purged
-        self._seen: dict[tuple[str, int], tuple] = {}  # (classifier, chunk) -> what the last step looked at
-        self._priors: dict[tuple[str, int], tuple[float, np.ndarray]] = {}  # (state, chunk) -> (size, q)
+        # per classifier, per chunk it steps (`_forget_inactive` keeps only those): what the last
+        # step looked at; per state and chunk: (size, q) of the prior
+        self._seen: dict[str, dict[int, tuple]] = {}
+        self._priors: dict[str, dict[int, tuple[float, np.ndarray]]] = {}
 
     def _states(self, cid: str) -> list[tuple[str, int]]:
         """The states of classifier `cid` with the stratum id of their stratum 0."""
@@ -127,6 +129,7 @@ class RequestLoop:
             ids.update(await self._chunk_ids(sid, cfg))
         # the newest chunk that has started and the one before it (open for its lateness, or topping up)
         started = [t for t in sorted(ids) if t * cfg.chunk_seconds * 1000 <= now][-ACTIVE_CHUNKS:]
+        self._forget_inactive(cid, states, started)
         if not started:
             return 0
         by_side = []
@@ -143,6 +146,14 @@ class RequestLoop:
                 continue
             issued += await self._step_chunk(cid, t, sides, cfg, now, issued)
         return issued
+
+    def _forget_inactive(self, cid: str, states, started: list[int]) -> None:
+        """Keep the per-chunk caches of the chunks the loop steps only: a long-running replica
+        must not gain an entry per classifier and chunk for good."""
+        for cache, key in [(self._seen, cid)] + [(self._priors, sid) for sid, _ in states]:
+            by_chunk = cache.setdefault(key, {})
+            for t in [t for t in by_chunk if t not in started]:
+                del by_chunk[t]
 
     async def _chunk_ids(self, sid: str, cfg) -> list[int]:
         """The state's chunks, purging those past the retention once per new chunk."""
@@ -170,7 +181,7 @@ class RequestLoop:
         last_s = max(cs.last_ms for cs in live) / 1000
         flowing = bool(streams.arrivals_flowing(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds)) and not closed
         seen = (total, int(n.sum()), pending, flowing, closed, thresholds.tobytes())
-        if self._seen.get((cid, t)) == seen and cs0.status != "waiting_for_budget":
+        if self._seen[cid].get(t) == seen and cs0.status != "waiting_for_budget":
             return 0  # nothing the design looks at has changed since the last step
         final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
         halfwidth = float(streams.chunk_interval(N, n, h, cfg.confidence, closed, target).halfwidth)
@@ -190,7 +201,7 @@ class RequestLoop:
                      - hour_used - issued_before)
         status = str(streams.chunk_status(streak, halfwidth, cfg.delta, cfg.stop_rounds, closed,
                                           left == 0 and pending == 0 and not due, len(due) > budget))
-        self._seen[(cid, t)] = seen
+        self._seen[cid][t] = seen
         chosen = due[:budget]
         if not chosen:
             if status != cs0.status:
@@ -246,9 +257,8 @@ class RequestLoop:
         if sd.cs is None:
             return np.full(1, 0.5)
         cid, cs, cfg = sd.state_id, sd.cs, sd.cfg
-        key = (cid, cs.chunk)
         total = float(cs.N.sum())
-        cached = self._priors.get(key)
+        cached = self._priors.setdefault(cid, {}).get(cs.chunk)
         if cached is not None and total <= 1.1 * cached[0] and cached[1].size == cs.strata:
             return cached[1]
         hist_sparse = await self.store.chunk_histogram(cid, cs.chunk)
@@ -256,7 +266,7 @@ class RequestLoop:
         if hist_sparse and np.isfinite(cs.min) and np.isfinite(cs.max):
             hist = ScoreHistogram.from_sparse(hist_sparse, cs.min, cs.max)
             q = stratum_mean_probability(hist, cs.cuts, cfg.score_kind)
-        self._priors[key] = (total, q)
+        self._priors[cid][cs.chunk] = (total, q)
         return q
 
     async def _due(self, sd: Side, tau: np.ndarray, want: np.ndarray
