@@ -5,13 +5,28 @@ the true posterior is usually monotone in the score, so score intervals are
 more homogeneous than the whole).  Stratum ``k`` holds scores in
 ``[cuts[k-1], cuts[k])``; stratum 0 holds the lowest scores.
 
-Methods (Bennett & Carvalho 2010, Sec. 5; Kumar & Raj, Sec. 4.1):
-* ``perc``       equal count (quantiles of the score);
-* ``equal``      equal width between the observed min and max;
+Methods (Bennett & Carvalho 2010, Sec. 5; Kumar & Raj, Sec. 3.3 and 4.1):
+* ``perc``       equal count (quantiles of the score; Kumar & Raj's EQSZ);
+* ``equal``      equal width between the observed min and max (EQWD);
 * ``cum_sqrt_f`` Dalenius & Hodges (1959): equal intervals of the cumulative
-  square root of the frequency.  Applied to the equal-width classes of the
-  histogram's squashed grid, following Cochran (1977, Sec. 5A.7), which asks
-  for many more classes than strata (the grid has thousands).
+  square root of the frequency (SQRT).  Applied to the equal-width classes of
+  the histogram's squashed grid, following Cochran (1977, Sec. 5A.7), which
+  asks for many more classes than strata (the grid has thousands);
+* ``cum_cbrt_f`` the same with the cube root (CBRT; Singh & Sukhatme 1969,
+  for a stratification variable other than the estimated one);
+* ``wtmn``       Kumar & Raj's "weighted mean" rule, read literally: the
+  stratum weight times the stratum mean of the stratification variable is the
+  same in every stratum, i.e. equal stratum totals of the variable (the
+  "equal aggregate" rule of Mahalanobis 1952 and Hansen, Hurwitz & Madow
+  1953).  Scores may be negative (logits, margins), so the variable is the
+  score measured from the observed minimum;
+* ``kmeans``     1-D k-means (Lloyd 1982) on the bucket midpoints weighted by
+  their counts, from the ``perc`` strata; cuts halfway between the sorted
+  cluster means (KM);
+* ``gmm``        a K-component Gaussian mixture fitted by EM (Dempster, Laird &
+  Rubin 1977) on the same weighted midpoints, from the k-means solution; cuts
+  where the most probable component changes (GMM).
+The clustering fits live in `clustering`.
 
 When the scores cannot fill K strata (fewer distinct values than K, or all
 mass in a few buckets) the duplicate or empty strata are merged and fewer
@@ -26,10 +41,11 @@ from typing import Literal
 
 import numpy as np
 
+from . import clustering
 from .sketch import ScoreHistogram, require_finite
 
-Stratification = Literal["perc", "equal", "cum_sqrt_f"]
-STRATIFICATIONS: tuple[str, ...] = ("perc", "equal", "cum_sqrt_f")
+Stratification = Literal["perc", "equal", "cum_sqrt_f", "cum_cbrt_f", "wtmn", "kmeans", "gmm"]
+STRATIFICATIONS: tuple[str, ...] = ("perc", "equal", "cum_sqrt_f", "cum_cbrt_f", "wtmn", "kmeans", "gmm")
 
 
 def _weighted_cuts(hist: ScoreHistogram, k: int, weights: np.ndarray) -> np.ndarray:
@@ -79,14 +95,7 @@ def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray
         raise ValueError("the score histogram is empty: no scores to stratify")
     if k == 1 or hist.min == hist.max:
         return np.empty(0)
-    _, _, counts = hist.occupied_edges()
-    if method == "perc":
-        cuts = _weighted_cuts(hist, k, counts)
-    elif method == "equal":
-        cuts = np.linspace(hist.min, hist.max, k + 1)[1:-1]
-    else:
-        cuts = _weighted_cuts(hist, k, np.sqrt(counts))
-    cuts = _clean(hist, cuts)
+    cuts = _clean(hist, _raw_cuts(hist, k, method))
     # Inside a bucket the histogram cannot say on which side of a cut the
     # bucket's scores lie (they may all be one tied value), so a stratum is
     # certainly non-empty only if it holds a whole non-empty bucket (or the
@@ -102,6 +111,38 @@ def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray
                 break
             cuts = np.delete(cuts, int(empty[0]))  # never the top stratum
     return cuts
+
+
+def _raw_cuts(hist: ScoreHistogram, k: int, method: str) -> np.ndarray:
+    """The method's cut points before the emptiness checks of `boundaries`."""
+    lower, upper, counts = hist.occupied_edges()
+    if method == "perc":
+        return _weighted_cuts(hist, k, counts)
+    if method == "equal":
+        return np.linspace(hist.min, hist.max, k + 1)[1:-1]
+    if method == "cum_sqrt_f":
+        return _weighted_cuts(hist, k, np.sqrt(counts))
+    if method == "cum_cbrt_f":
+        return _weighted_cuts(hist, k, np.cbrt(counts))
+    # bucket midpoints as shares of the observed range: no overflow for scores near the largest doubles
+    mid = _unit(lower / 2.0 + upper / 2.0, hist)
+    if method == "wtmn":  # equal totals of (score - min)
+        return _weighted_cuts(hist, k, counts * np.maximum(mid, 1e-12))
+    means = clustering.kmeans_1d(mid, counts, _unit(_weighted_cuts(hist, k, counts), hist))
+    if method == "kmeans":
+        return _from_unit((means[1:] + means[:-1]) / 2.0, hist)
+    return clustering.gmm_1d_cuts(mid, counts, means, lower)
+
+
+def _unit(x: np.ndarray, hist: ScoreHistogram) -> np.ndarray:
+    """`x` as a share of the observed range, from the minimum (finite even for scores near
+    the largest doubles, whose difference overflows)."""
+    half_range = hist.max / 2.0 - hist.min / 2.0
+    return (x / 2.0 - hist.min / 2.0) / half_range
+
+
+def _from_unit(u: np.ndarray, hist: ScoreHistogram) -> np.ndarray:
+    return hist.min + 2.0 * (u * (hist.max / 2.0 - hist.min / 2.0))
 
 
 def _clean(hist: ScoreHistogram, cuts: np.ndarray) -> np.ndarray:
