@@ -91,3 +91,36 @@ async def test_the_process_caches_keep_open_chunks_only(redis_url, unique_name):
     loop._forget_inactive("c", [("c", True), ("c~negatives", False)], [28, 29])
     assert list(loop._seen["c"]) == [28, 29] and list(loop._priors["c~negatives"]) == [28, 29]
     await redis.aclose()
+
+
+async def test_a_classifier_silent_for_its_whole_history_is_forgotten(redis_url, unique_name):
+    """Every key of a classifier (both sides) goes and its id leaves `classifiers` once its newest
+    chunk ended HISTORY_CHUNKS chunks ago and nothing awaits an answer; FORGET refuses if a score
+    opened a newer chunk meanwhile; a classifier that still sends is kept."""
+    from stratameter.requests.loop import RequestLoop
+
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": "1",
+                              "STRATAMETER_HISTORY_CHUNKS": "2", "STRATAMETER_CHUNK_RETENTION": "1",
+                              "STRATAMETER_ALLOWED_LATENESS_SECONDS": "1", "STRATAMETER_METRICS": "precision,recall"})
+    redis = Redis.from_url(redis_url)
+    prefix = unique_name("forget")
+    store = Store(redis, prefix)
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+    now_ms = int(__import__("time").time() * 1000)
+    rng = np.random.default_rng(2)
+    for cid, event_ms in (("old", now_ms - 10_000), ("live", now_ms)):
+        n = 300
+        await ingest.apply(0, np.arange(n), [cid] * n, [f"i{j}" for j in range(n)], rng.random(n),
+                           rng.random(n) < 0.5, np.full(n, event_ms), [None] * n)
+    assert await redis.exists(store.keys.meta("old~negatives"))  # both sides have state
+    # a refused FORGET: the caller saw an older newest chunk than there is
+    ids = await store.chunk_ids("old")
+    assert not await store.forget("old", [ids[-1] - 5])
+    assert await redis.exists(store.keys.meta("old"))
+    loop = RequestLoop(store, settings, publish=None)
+    await loop.step("old")
+    await loop.step("live")
+    assert [k async for k in redis.scan_iter(f"{prefix}:{{old}}*")] == []
+    assert await store.classifiers() == ["live"]
+    assert await redis.exists(store.keys.meta("live")) and await redis.exists(store.keys.meta("live~negatives"))
+    await redis.aclose()

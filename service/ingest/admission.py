@@ -22,11 +22,13 @@ class ClassifierAdmission:
 
     def __init__(self, store: Store, cap: int) -> None:
         self.store, self.cap = store, cap
-        self.known: set[str] = set()  # ids in the set (or admitted here): at most the cap plus one batch
+        self.known: set[str] = set()  # ids in the set (or admitted here); cleared past twice the cap
         self.fresh: set[str] = set()  # admitted here, not yet seen in the set
 
     async def refused(self, classifier_ids: list[str]) -> set[str]:
         """The ids (of `classifier_ids`) whose records must not create state: new ids beyond the cap."""
+        if len(self.known) > 2 * self.cap:  # ids forgotten since (the request loop forgets silent ones)
+            self.known.clear()
         new = set(classifier_ids) - self.known
         if not new:
             return set()

@@ -123,10 +123,13 @@ class RequestLoop:
         cfg = self.settings.for_classifier(cid)
         now = int(time.time() * 1000)
         states = self._states(cid)
-        ids: set[int] = set()
+        by_state: dict[str, list[int]] = {}
         for sid, _ in states:
             await self.store.expire(sid, now)
-            ids.update(await self._chunk_ids(sid, cfg))
+            by_state[sid] = await self._chunk_ids(sid, cfg)
+        if await self._forget_if_silent(cid, by_state, cfg, now):
+            return 0
+        ids = set().union(*by_state.values())
         # the newest chunk that has started and the one before it (open for its lateness, or topping up)
         started = [t for t in sorted(ids) if t * cfg.chunk_seconds * 1000 <= now][-ACTIVE_CHUNKS:]
         self._forget_inactive(cid, states, started)
@@ -146,6 +149,28 @@ class RequestLoop:
                 continue
             issued += await self._step_chunk(cid, t, sides, cfg, now, issued)
         return issued
+
+    async def _forget_if_silent(self, cid: str, by_state: dict[str, list[int]], cfg, now: int) -> bool:
+        """Forget a classifier that sent no score for its whole retained history (its newest
+        chunk ended `HISTORY_CHUNKS` chunks ago) and awaits no answer: its keys are deleted
+        (FORGET, refused if a score came meanwhile; the predicted negatives first) and its id
+        leaves ``classifiers``, so it frees its place under ``MAX_CLASSIFIERS``."""
+        newest = max((ids[-1] for ids in by_state.values() if ids), default=None)
+        if newest is None or (newest + 1 + cfg.history_chunks) * cfg.chunk_seconds * 1000 > now:
+            return False
+        for sid in by_state:
+            if await self.store.pending_by_chunk(sid):
+                return False
+        for sid, ids in reversed(list(by_state.items())):
+            if not await self.store.forget(sid, ids):
+                return False
+        await self.store.drop_classifier(cid)
+        for sid in by_state:
+            self._priors.pop(sid, None)
+            self._purged.pop(sid, None)
+        self._seen.pop(cid, None)
+        log.info("forgot a silent classifier", extra={"classifier": cid, "newest_chunk": newest})
+        return True
 
     def _forget_inactive(self, cid: str, states, started: list[int]) -> None:
         """Keep the per-chunk caches of the chunks the loop steps only: a long-running replica

@@ -183,6 +183,20 @@ class Keys:
             keys += [self.chunk_replace(cid, chunk), self.chunk_labels(cid, chunk), self.chunk_positives(cid, chunk)]
         return keys
 
+    def forget_keys(self, cid: str, chunks: Iterable[int], max_strata: int) -> list[str]:
+        """FORGET: the state's chunks first, then its other keys, its chunks' keys (every
+        possible reservoir) and, for a classifier, its lease."""
+        keys = [self.chunks(cid), self.meta(cid), self.scores_offsets(cid), self.labels_offsets(cid),
+                self.pending(cid), self.counters(cid), self.hourly(cid)]
+        if not owner_of(cid)[1]:
+            keys.append(self.lease(cid))
+        for t in chunks:
+            keys += [self.chunk_meta(cid, t), self.chunk_hist(cid, t), self.chunk_items(cid, t),
+                     self.chunk_labels(cid, t), self.chunk_positives(cid, t), self.chunk_pscores(cid, t),
+                     self.chunk_sampled(cid, t), self.chunk_replace(cid, t)]
+            keys += [self.reservoir(cid, t, k) for k in range(max_strata)]
+        return keys
+
     def issue_keys(self, cid: str, t: int, rids: Iterable[str]) -> list[str]:
         """ISSUE: the classifier's, the chunk's, then one per request id."""
         return ([self.lease(cid), self.pending(cid), self.counters(cid), self.hourly(cid), self.chunk_meta(cid, t),

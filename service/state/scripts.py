@@ -21,7 +21,7 @@ from importlib import resources
 
 #: Every script, by the name the store calls it (the file is ``lua/<name lower-cased>.lua``).
 NAMES = ("INGEST", "OPEN_CHUNK", "RESTRATIFY", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
-         "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT")
+         "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT", "FORGET")
 
 
 def source(name: str) -> str:

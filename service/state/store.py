@@ -344,6 +344,14 @@ class Store:
         await pipe.execute()
         return len(old)
 
+    async def forget(self, sid: str, ids: list[int]) -> bool:
+        """FORGET a state whose newest chunk is still ``ids[-1]``; False if a newer one came."""
+        keys = self.keys.forget_keys(sid, ids, MAX_STRATA)
+        return bool(await self._scripts["FORGET"](keys=keys, args=[str(ids[-1]) if ids else ""]))
+
+    async def drop_classifier(self, cid: str) -> None:
+        await self.redis.srem(self.keys.classifiers, cid)
+
     # ---- reads --------------------------------------------------------------------------
     async def classifiers(self) -> list[str]:
         return sorted(m.decode() for m in await self.redis.smembers(self.keys.classifiers))
