@@ -48,11 +48,7 @@ async def test_one_instance_sigkilled_mid_ingest_and_mid_labelling(kafka_bootstr
         assert service.terminate() == 0, "SIGTERM must close cleanly"
         assert time.monotonic() - started < 10, "SIGTERM must close within a few seconds"
     finally:
-        producing.cancel()
-        reviewer.cancel()
-        await asyncio.gather(producing, reviewer, return_exceptions=True)
-        if service.alive:
-            service.kill9()
+        await _stopped(service, producing, reviewer)
     dead = await read_topic(kafka_bootstrap, work.topics["dlq"], unique_name("dlq-reader"), timeout=10)
     await producer.stop()
     work.assert_exact(docs, per)
@@ -77,11 +73,7 @@ async def test_sigkilled_while_sampling_predicted_negatives(kafka_bootstrap, red
     try:
         docs = await _killed_twice_then_converged(service, port, classifiers, per, 150, producing)
     finally:
-        producing.cancel()
-        reviewer.cancel()
-        await asyncio.gather(producing, reviewer, return_exceptions=True)
-        if service.alive:
-            service.kill9()
+        await _stopped(service, producing, reviewer)
     await producer.stop()
     work.assert_exact(docs, per)
     doc = docs["delta"]
@@ -154,6 +146,15 @@ async def _killed_twice_then_converged(service, port: int, classifiers, total: i
     service.kill9()
     service.start()
     return await wait_for(lambda: converged(port, classifiers), timeout, "convergence after restarts")
+
+
+async def _stopped(service, *tasks: asyncio.Task) -> None:
+    """Cancel the producer and reviewer tasks; kill the service if it still runs."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if service.alive:
+        service.kill9()
 
 
 async def _between(value, lo: int, hi: int) -> bool:
