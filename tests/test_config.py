@@ -432,3 +432,13 @@ def test_metrics_setting_is_checked_and_canonical(tmp_path):
     assert (neg.strata, neg.stratification, neg.metrics) == (6, "cum_sqrt_f", "precision,recall")
     err = error_of(overrides(tmp_path, {"fraud": {"metrics": "roc"}}))
     assert "fraud.metrics" in str(err) and "unknown metric 'roc'" in str(err)
+
+
+def test_an_unknown_stratameter_variable_fails_naming_it():
+    """A typo would leave the default in force unnoticed; the tools' own variables are not settings."""
+    msg = str(error_of({**env(), P + "DELTAA": "0.01", P + "NOT_A_THING": "1"}))
+    assert "STRATAMETER_DELTAA: not a setting of stratameter" in msg and "did you mean STRATAMETER_DELTA?" in msg
+    assert "STRATAMETER_NOT_A_THING: not a setting" in msg
+    assert "STRATAMETER_REDIS_PASSWORD_FILE" not in msg  # a *_FILE of a secret is a setting
+    tools = {P + "TANSU_BIN": "/x", P + "REDIS_SERVER": "/y", P + "TEST_KAFKA": "h:1", P + "DEMO_TEST_MARKER": "1"}
+    assert load_settings({**env(), **tools}).delta == 0.02

@@ -2,11 +2,15 @@
 
 Names are upper case only; an empty value counts as unset.  A field marked `Mark.FROM_FILE` may instead
 come from the file named by ``STRATAMETER_<FIELD>_FILE`` (one trailing newline is dropped); setting
-both is an error.  `load_settings` hands its mapping to the source through `ENVIRON`.
+both is an error.  Any other ``STRATAMETER_*`` variable is an error too (a typo such as
+``STRATAMETER_DELTAA`` would otherwise leave the default in force unnoticed), except those of the tools
+around the service (`TOOL_VARIABLES`, `TOOL_PREFIXES`).  `load_settings` hands its mapping to the
+source through `ENVIRON`.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -15,7 +19,12 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from .checks import ConfigError, Mark, env_var
+from .checks import ENV_PREFIX, ConfigError, Mark, env_var
+
+#: ``STRATAMETER_*`` variables that are not settings: the embedded backends' binaries (the demo, bench
+#: and tests) and the tests' external backends and markers
+TOOL_VARIABLES = frozenset({"STRATAMETER_TANSU_BIN", "STRATAMETER_REDIS_SERVER"})
+TOOL_PREFIXES = ("STRATAMETER_TEST_", "STRATAMETER_DEMO_")
 
 #: the mapping `load_settings` reads instead of ``os.environ`` (None: ``os.environ``)
 ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("stratameter_environ", default=None)
@@ -63,6 +72,20 @@ class EnvSource(PydanticBaseSettingsSource):
                     continue
             if value is not None:
                 values[name] = value
+        errors += self._unknown_variables()
         if errors:
             raise ConfigError(errors)
         return values
+
+    def _unknown_variables(self) -> list[tuple[str, str]]:
+        fields = self.settings_cls.model_fields
+        known = {env_var(n) for n in fields} | {env_var(n) + "_FILE" for n, f in fields.items()
+                                                if Mark.FROM_FILE in f.metadata}
+        errors = []
+        for var in sorted(v for v in self.environ if v.startswith(ENV_PREFIX)):
+            if var in known or var in TOOL_VARIABLES or var.startswith(TOOL_PREFIXES):
+                continue
+            close = difflib.get_close_matches(var, sorted(known), n=1)
+            errors.append((var, "not a setting of stratameter (README \"Configuration\")"
+                                + (f"; did you mean {close[0]}?" if close else "")))
+        return errors
