@@ -123,9 +123,10 @@ class BatchHandler:
         if batch.index.size:
             try:
                 batch = await self._admitted(batch, rejects)
-                prepared = None if not batch.index.size else await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
-                                                       batch.item_id, batch.score, batch.predicted_positive,
-                                                       batch.event_time_ms, batch.context, reload_offsets=retry)
+                if batch.index.size:
+                    prepared = await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
+                                                           batch.item_id, batch.score, batch.predicted_positive,
+                                                           batch.event_time_ms, batch.context, reload_offsets=retry)
             except (RedisError, OSError, asyncio.TimeoutError):
                 if retry:
                     raise
