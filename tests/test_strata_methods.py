@@ -64,8 +64,24 @@ def test_gmm_hand_case_two_components():
     """Two equal, equally spread components at 0 and 1: the posterior crosses 1/2 at 0.5, so the
     cut is the lower edge of the first point past it."""
     x = np.array([-0.1, 0.0, 0.1, 0.9, 1.0, 1.1])
-    cuts = clustering.gmm_1d_cuts(x, np.ones(6), np.array([0.0, 1.0]), lower=x - 0.05)
+    cuts = clustering.gmm_1d_cuts(x, np.ones(6), np.array([0.0, 1.0]), lower=x - 0.05, fallback=np.array([0.5]))
     assert cuts == pytest.approx([0.85])
+
+
+def test_gmm_falls_back_on_the_kmeans_cut_when_a_component_is_swallowed():
+    """Scores in [0, 1] and one outlier at 18 (found by the property test in
+    tests/test_sketch_strata.py): the mixture's wide component takes the outlier too, so no
+    point is more likely above the first component; the k-means cut keeps two strata."""
+    scores = np.concatenate([[18.0], np.random.default_rng(14).random(1000)])
+    hist = ScoreHistogram.from_scores(scores)
+    lower, upper, counts = hist.occupied_edges()
+    mid = (lower + upper) / 2.0
+    means = clustering.kmeans_1d(mid, counts, np.array([1.0]))
+    no_fallback = clustering.gmm_1d_cuts(mid, counts, means, lower, np.array([np.nan]))
+    assert np.isnan(no_fallback).all()  # this population does swallow the outlier's component
+    for method in ("kmeans", "gmm"):
+        cuts, stratum = stratify(scores, 2, method)
+        assert cuts.size == 1 and np.all(np.bincount(stratum) > 0), method
 
 
 @pytest.mark.parametrize("method", STRATIFICATIONS)

@@ -48,12 +48,15 @@ def _interval_means(x: np.ndarray, w: np.ndarray, cuts: np.ndarray) -> np.ndarra
     return total[keep] / mass[keep]
 
 
-def gmm_1d_cuts(x: np.ndarray, w: np.ndarray, means: np.ndarray, lower: np.ndarray) -> np.ndarray:
+def gmm_1d_cuts(x: np.ndarray, w: np.ndarray, means: np.ndarray, lower: np.ndarray,
+                fallback: np.ndarray) -> np.ndarray:
     """Cut points from a Gaussian mixture with one component per starting mean, fitted by EM
     (Dempster, Laird & Rubin 1977) to the weighted points, starting from the clusters of
     `kmeans_1d`.  With the components ordered by mean, the j-th cut is the lower edge
     (`lower`, one per point) of the first point more likely to come from a component above
-    the j-th than from one at or below it; at most ``len(means) - 1`` cuts, increasing."""
+    the j-th than from one at or below it; where no point is (a wide component swallows a
+    narrow one, e.g. a lone outlier's), the j-th of the `fallback` (k-means) cuts.  Exactly
+    ``len(means) - 1`` cuts, non-decreasing (`strata` merges equal ones)."""
     k = np.asarray(means).size
     if k < 2:
         return np.empty(0)
@@ -63,8 +66,7 @@ def gmm_1d_cuts(x: np.ndarray, w: np.ndarray, means: np.ndarray, lower: np.ndarr
     cuts = []
     for j in range(k - 1):
         above = np.flatnonzero(below[:, j] < 0.5)
-        if above.size:
-            cuts.append(lower[above[0]])
+        cuts.append(lower[above[0]] if above.size and above[0] > 0 else fallback[j])
     return np.maximum.accumulate(np.asarray(cuts, dtype=float))
 
 

@@ -129,9 +129,10 @@ def _raw_cuts(hist: ScoreHistogram, k: int, method: str) -> np.ndarray:
     if method == "wtmn":  # equal totals of (score - min)
         return _weighted_cuts(hist, k, counts * np.maximum(mid, 1e-12))
     means = clustering.kmeans_1d(mid, counts, _unit(_weighted_cuts(hist, k, counts), hist))
+    kmeans_cuts = _from_unit((means[1:] + means[:-1]) / 2.0, hist)
     if method == "kmeans":
-        return _from_unit((means[1:] + means[:-1]) / 2.0, hist)
-    return clustering.gmm_1d_cuts(mid, counts, means, lower)
+        return kmeans_cuts
+    return clustering.gmm_1d_cuts(mid, counts, means, lower, kmeans_cuts)
 
 
 def _unit(x: np.ndarray, hist: ScoreHistogram) -> np.ndarray:
