@@ -109,8 +109,10 @@ LABEL_OUTCOME_REJECTS = {"duplicate": "duplicate", "unknown": "unknown_request",
 # --------------------------------------------------------------------------- reject reasons
 
 #: Reject / dead-letter reason codes.  ``<field>`` stands for the field name,
-#: e.g. ``missing_field:score``.  The last four are decided by the service
-#: (label bookkeeping), not by the parsers.
+#: e.g. ``missing_field:score``.  The last four are decided by the service (label
+#: bookkeeping, the classifier cap), not by the parsers.  A label whose request id puts another
+#: classifier's token under a classifier's name is ``unknown_request``: the id's classifier part
+#: is the route, and that classifier never issued the token.
 REJECT_REASONS: dict[str, str] = {
     "tombstone": "the value is null (a Kafka tombstone) or empty",
     "too_large": f"the value is larger than the record limit ({MAX_RECORD_BYTES} bytes by default); not parsed",
@@ -127,8 +129,6 @@ REJECT_REASONS: dict[str, str] = {
                             "STRATAMETER_MAX_EVENT_TIME_SKEW_SECONDS after the service's clock",
     "event_time_too_late": "the event time's chunk has closed (its end is more than "
                            "STRATAMETER_ALLOWED_LATENESS_SECONDS in the past)",
-    "too_many_classifiers": "a score for a classifier id not seen before while STRATAMETER_MAX_CLASSIFIERS "
-                            "classifiers exist: it creates no state",
     "context_too_large": f"context is larger than {MAX_CONTEXT_BYTES} bytes serialized compactly (or nests too deeply)",
     "bad_request_id": f"request_id is empty or longer than {MAX_REQUEST_ID_CHARS} characters",
     "bad_labeler_id": f"labeler_id is longer than {MAX_LABELER_ID_CHARS} characters",
@@ -136,7 +136,8 @@ REJECT_REASONS: dict[str, str] = {
     "unknown_request": "a label for a request_id the service never issued (or already forgot)",
     "duplicate": "a second label for a request that was already answered",
     "expired": "a label that arrived after the request's expires_at",
-    "wrong_classifier": "a label whose request belongs to another classifier than the one it claims",
+    "too_many_classifiers": "a score for a classifier id not seen before while STRATAMETER_MAX_CLASSIFIERS "
+                            "classifiers exist: it creates no state",
 }
 
 # --------------------------------------------------------------------------- field types
