@@ -5,6 +5,13 @@
   first use and shared by the whole session.
 * ``redis_url`` (session): ``$STRATAMETER_TEST_REDIS_URL`` if set, else an embedded
   redis-server / valkey-server.
+* ``redis_cluster_url`` (session): ``$STRATAMETER_TEST_REDIS_CLUSTER_URL`` (any node) if set,
+  else an embedded three-master cluster (``stratameter.embedded.EmbeddedRedisCluster``),
+  started on first use.
+* ``redis_backend`` (function, parametrized ``redis`` / ``cluster``): a `RedisBackend`, for
+  the integration tests that run against both a single Redis and a Redis Cluster:
+  ``.url``, ``.cluster``, ``.settings`` (``REDIS_URL`` and ``REDIS_CLUSTER`` for the
+  service) and ``.client()`` (``Redis`` or ``RedisCluster``).
 * ``unique_name`` (function): a callable, ``unique_name("orders") -> "orders-<test>-<hex>"``,
   valid as a Kafka topic, consumer group or Redis key prefix, different for every call,
   so tests sharing the session backends never collide.
@@ -27,11 +34,12 @@ import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
 
-from stratameter.embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis
+from stratameter.embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis, EmbeddedRedisCluster
 
 if TYPE_CHECKING:
     from stratameter.state.store import Store
@@ -56,6 +64,37 @@ def kafka_bootstrap() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     yield from _external_or_embedded("STRATAMETER_TEST_REDIS_URL", EmbeddedRedis, lambda redis: redis.url)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    yield from _external_or_embedded("STRATAMETER_TEST_REDIS_CLUSTER_URL", EmbeddedRedisCluster,
+                                     lambda cluster: cluster.url)
+
+
+@dataclass(frozen=True)
+class RedisBackend:
+    """A single Redis or a Redis Cluster, as the service is told about it."""
+
+    url: str
+    cluster: bool
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """``REDIS_URL`` and ``REDIS_CLUSTER``, for `running_service` and `Workload`."""
+        return {"REDIS_URL": self.url, "REDIS_CLUSTER": "true" if self.cluster else "false"}
+
+    def client(self):
+        from redis.asyncio import Redis, RedisCluster
+
+        return (RedisCluster if self.cluster else Redis).from_url(self.url)
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def redis_backend(request: pytest.FixtureRequest) -> RedisBackend:
+    if request.param == "cluster":
+        return RedisBackend(request.getfixturevalue("redis_cluster_url"), True)
+    return RedisBackend(request.getfixturevalue("redis_url"), False)
 
 
 @pytest.fixture

@@ -192,6 +192,18 @@ def test_invalid_values_name_the_variable(name, value, fragment):
     assert err.errors[0][0] == var
 
 
+@pytest.mark.parametrize("url, fragment", [
+    ("unix:///run/redis.sock", "must name a cluster node (redis:// or rediss://)"),
+    ("redis://node-1:6379/2", "Redis Cluster has only database 0"),
+])
+def test_a_cluster_url_names_a_node_of_database_0(url, fragment):
+    err = error_of(env(redis_cluster="true", redis_url=url))
+    assert str(err).startswith(P + "REDIS_URL: ") and fragment in str(err), str(err)
+    for fine in ("redis://node-1:6379", "redis://node-1:6379/0", "rediss://u:p@node-1:6380/"):
+        assert load_settings(env(redis_cluster="true", redis_url=fine)).redis_cluster
+    assert error_of(env(redis_cluster="maybe")).errors[0][0] == P + "REDIS_CLUSTER"
+
+
 def test_all_errors_are_reported_together():
     err = error_of(env(delta="1", strata="x", http_port="0"))
     assert [var for var, _ in err.errors] == [P + "HTTP_PORT", P + "DELTA", P + "STRATA"]

@@ -416,3 +416,49 @@ async def test_expire_refuses_when_the_due_requests_are_not_what_was_read(store)
     assert await store.expire(cid, later) == 1
     assert await redis.hget(k.request(cid, "c/a"), "state") == b"expired"
     assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"
+
+
+@pytest.mark.integration
+async def test_every_script_runs_on_a_redis_cluster(redis_cluster_url, unique_name):
+    """The same paths on a three-master Redis Cluster, through `RedisCluster` (which refuses
+    EVALSHA in a pipeline, and whose nodes refuse a script touching a key of another slot)."""
+    from redis.asyncio import RedisCluster
+
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_cluster_url, "STRATAMETER_REDIS_CLUSTER": "true",
+                              "STRATAMETER_STRATA": "4", "STRATAMETER_CHUNK_SECONDS": "3600",
+                              "STRATAMETER_RESERVOIR_SIZE": "64"})
+    redis = RedisCluster.from_url(redis_cluster_url)
+    try:
+        store = Store(redis, unique_name("keys"))
+        assert store.cluster
+        await _exercise(store, settings)
+    finally:
+        await redis.aclose()
+
+
+@pytest.mark.integration
+async def test_cluster_batches_run_per_classifier_in_order_and_reload_scripts(redis_cluster_url, unique_name):
+    """One batch of labels for classifiers on different nodes: each classifier's calls in
+    offset order (none refused as out of order), after SCRIPT FLUSH on every node (a
+    restarted node) the scripts are loaded again and everything is applied once."""
+    from redis.asyncio import RedisCluster
+
+    redis = RedisCluster.from_url(redis_cluster_url)
+    try:
+        await redis.initialize()
+        store = Store(redis, unique_name("order"))
+        cids = [f"c{i}" for i in range(12)]
+        nodes = {redis.get_node_from_key(store.keys.meta(c)).name for c in cids}
+        assert len(nodes) == 3  # the classifiers are spread over the three masters
+        for cid in cids:
+            await redis.hset(store.keys.meta(cid), "first_seen_ms", 1)
+        await redis.script_flush()  # on every primary (the cluster routing of SCRIPT FLUSH)
+        calls = [(cid, 0, off, f"{cid}/none{off}", "1", 0, "x") for off in range(5) for cid in cids]
+        out = await store.apply_labels(calls)
+        assert [r[0] for r in out] == ["unknown"] * len(calls)
+        for cid in cids:
+            assert await redis.hget(store.keys.labels_offsets(cid), "0") == b"4"
+            assert await redis.hget(store.keys.counters(cid), "labels_unknown") == b"5"
+        assert await store.apply_labels(calls[:3]) == [["replay"]] * 3
+    finally:
+        await redis.aclose()

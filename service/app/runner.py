@@ -17,11 +17,10 @@ import signal
 import time
 
 from aiokafka import TopicPartition
-from redis.asyncio import Redis
-
 from ..config import Settings
 from ..ingest.ingestor import ScoreIngestor
 from ..labels.folder import LabelFolder
+from ..state.client import connect
 from ..state.store import Store
 from .batch import BatchHandler, GlobalCounts
 from .checkpoint import Checkpoint
@@ -52,8 +51,7 @@ class Service:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = Redis.from_url(settings.redis_url_with_credentials(), socket_timeout=5, socket_connect_timeout=5,
-                                    health_check_interval=10, **settings.redis_client_kwargs())
+        self.redis = connect(settings)
         self.store = Store(self.redis, settings.redis_key_prefix)
         self.stopping = asyncio.Event()
         self.wake = asyncio.Event()  # state changed: the request loop looks again

@@ -37,6 +37,7 @@ import numpy as np
 import orjson
 
 from stratameter.schemas.parse import score_record_bytes
+from ..state.keys import Keys
 
 CHUNK_MS = 3_600_000  # the service's default chunk (STRATAMETER_CHUNK_SECONDS=3600)
 
@@ -199,7 +200,7 @@ async def bare_consume(bootstrap: str, topic: str, partitions: int, records: int
 
 async def classifier_bytes(redis, prefix: str, cid: str) -> int:
     """MEMORY USAGE (exact: SAMPLES 0) summed over the classifier's keys."""
-    keys = [k async for k in redis.scan_iter(match=f"{prefix}:{{{cid}}}:*", count=1000)]
+    keys = [k async for k in redis.scan_iter(match=f"{Keys(prefix).classifier(cid)}:*", count=1000)]
     if not keys:
         return 0
     pipe = redis.pipeline(transaction=False)
@@ -211,7 +212,7 @@ async def classifier_bytes(redis, prefix: str, cid: str) -> int:
 async def counted(redis, prefix: str, cids: list[str]) -> int:
     pipe = redis.pipeline(transaction=False)
     for cid in cids:
-        pipe.hget(f"{prefix}:{{{cid}}}:meta", "scores_total")
+        pipe.hget(Keys(prefix).meta(cid), "scores_total")
     return sum(int(v) for v in await pipe.execute() if v is not None)
 
 
@@ -225,13 +226,12 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
     Returns (seconds from the first non-empty fetch to the full count, seconds from
     start() to the first fetch, memory snapshots).
     """
-    from redis.asyncio import Redis
-
     from ..app.runner import Service
+    from ..state.client import connect
 
     prefix = settings.redis_key_prefix
     service = Service(settings)
-    probe = Redis.from_url(settings.redis_url_with_credentials())
+    probe = connect(settings)
     first: list[float] = []
     task = None
     t_start = time.perf_counter()

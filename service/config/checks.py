@@ -50,7 +50,10 @@ class ConfigError(ValueError):
 
 
 def shown(v: Any) -> str:
-    """A value as the messages show it: ``2`` for 2.0, ``'abc'`` for a string."""
+    """A value as the messages show it: ``2`` for 2.0, ``'abc'`` for a string, ``true`` for True
+    (as an environment variable says it)."""
+    if isinstance(v, bool):
+        return str(v).lower()
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
     return repr(v) if isinstance(v, str) else str(v)

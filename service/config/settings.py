@@ -103,6 +103,7 @@ class Settings(ClientOptions, BaseSettings):
     redis_ssl_certfile: ReadableFile = None
     redis_ssl_keyfile: ReadableFile = None
     redis_key_prefix: Annotated[str, name_chars("the prefix")] = "stratameter"
+    redis_cluster: bool = False  # REDIS_URL names any node of a Redis Cluster (below: database 0, no unix://)
     http_host: NonEmpty = "0.0.0.0"
     http_port: Annotated[int, in_range(1, 65535)] = 9108
     topic_scores: Topic = TOPIC_SCORES  # the four topics must differ
@@ -242,6 +243,14 @@ def _cross_field_errors(s: Settings) -> list[tuple[str, str]]:
             if getattr(s, name) is not None:
                 errors.append((env_var(name), f"needs a rediss:// {env_var('redis_url')} (TLS), got "
                                               f"{urlsplit(s.redis_url).scheme}://"))
+    if s.redis_cluster:
+        parts = urlsplit(s.redis_url)
+        if parts.scheme == "unix":
+            errors.append((env_var("redis_url"), f"must name a cluster node (redis:// or rediss://) when "
+                                                 f"{env_var('redis_cluster')} is true, got unix://"))
+        elif parts.path.strip("/") not in ("", "0"):
+            errors.append((env_var("redis_url"), f"Redis Cluster has only database 0 "
+                                                 f"({env_var('redis_cluster')} is true), got /{parts.path.strip('/')}"))
     seen: dict[str, str] = {}
     for name in ("topic_scores", "topic_label_requests", "topic_labels", "topic_dead_letter"):
         topic_name = getattr(s, name)

@@ -18,8 +18,8 @@ running when the interpreter exits is killed by an ``atexit`` hook.
 Modules: ``process`` (a child process on a fixed port: start, probe, stop), ``binaries``
 (finding tansu and redis-server), ``probes`` (blocking readiness probes: Kafka Metadata,
 Redis PING), ``broker`` (tansu broker and proxy, with the observed tansu behaviour),
-``redis`` (Redis), ``clients`` (Kafka clients on these backends: topics, group consumers,
-a reviewer answering label requests).
+``redis`` (Redis), ``cluster`` (a local Redis Cluster of three masters), ``clients`` (Kafka
+clients on these backends: topics, group consumers, a reviewer answering label requests).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .broker import EmbeddedKafka, EmbeddedKafkaProxy
 from .clients import answer_label_requests, create_topics, create_topics_sync, group_consumer, start_group_consumer
 from .probes import kafka_metadata, redis_ping
 from .process import LOCALHOST, BackendError, find_free_port
+from .cluster import EmbeddedRedisCluster
 from .redis import EmbeddedRedis
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "EmbeddedKafka",
     "EmbeddedKafkaProxy",
     "EmbeddedRedis",
+    "EmbeddedRedisCluster",
     "LOCALHOST",
     "answer_label_requests",
     "create_topics",

@@ -1,13 +1,23 @@
 """The Redis adapter: every Redis call of the service, typed calls around the atomic
 scripts (`scripts`, ``lua/*.lua``) and the reads the request loop, the HTTP API and the
 metrics collector need.  Key names come from `keys.Keys`.  Holds no state of its own
-that another instance would need (only script SHAs)."""
+that another instance would need (only script SHAs and when it last registered each
+classifier).
+
+On a Redis Cluster (``redis.asyncio.RedisCluster``) every script call keeps its keys in one
+classifier's slot; the cluster client refuses scripts in a pipeline, so a batch's script
+calls run classifier by classifier, concurrently, each classifier's in order (`_each`).
+Plain reads and writes still go in (cluster) pipelines, which the client splits by node."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import defaultdict
+
 import numpy as np
 import orjson
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import NoScriptError
 
 from ..stats.sketch import ScoreHistogram
@@ -18,6 +28,17 @@ from .records import ChunkCuts, ChunkState, ReservoirWindow, _vec
 __all__ = ["ChunkCuts", "ChunkState", "MAX_STRATA", "ReservoirWindow", "Store"]
 
 MAX_STRATA = 20  # the largest STRATAMETER_STRATA allowed
+#: Classifiers whose script calls run at once on a cluster (the client allows 100 connections per node).
+CLUSTER_CONCURRENCY = 32
+#: A classifier is added to the service-wide set at most this often per process, not with every
+#: batch, so the set's slot does not take a write per batch (a forgotten classifier that comes
+#: back is listed again within this time).
+REGISTER_EVERY_S = 30.0
+
+
+def _hash_tag(key: str) -> str:
+    """The hash tag of `key` (``{cid}``): the classifier whose slot holds it."""
+    return key[key.index("{") + 1: key.index("}")]
 
 
 def _text(value) -> str:
@@ -28,10 +49,45 @@ class Store:
     """Every Redis call of the service.  Key names come from `keys.Keys`; each script gets
     every key it touches in KEYS (see `scripts`)."""
 
-    def __init__(self, redis: Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis | RedisCluster, prefix: str) -> None:
         self.redis = redis
         self.keys = Keys(prefix)
+        self.cluster = isinstance(redis, RedisCluster)
         self._scripts = {name: redis.register_script(scripts.source(name)) for name in scripts.NAMES}
+        self._concurrent = asyncio.Semaphore(CLUSTER_CONCURRENCY)
+        self._registered: dict[str, float] = {}  # classifier -> time.monotonic() of its last SADD
+
+    async def _each(self, name: str, calls: list[tuple[list, list]], then=None) -> list:
+        """Script `name` per (keys, args), in order per classifier, with `then(pipe)` (plain
+        commands) after them: one pipeline on a single Redis (`_pipelined`); on a cluster, which
+        refuses scripts in a pipeline, each classifier's calls one after the other (the scripts'
+        guards expect a classifier's calls in order), classifiers concurrently.  The client
+        reloads a script after NOSCRIPT (a restarted or failed-over node)."""
+        if not self.cluster:
+            return (await self._pipelined(name, calls, then))[: len(calls)]
+        out: list = [None] * len(calls)
+        by_classifier: dict[str, list[int]] = defaultdict(list)
+        for i, (keys, _) in enumerate(calls):
+            by_classifier[_hash_tag(keys[0])].append(i)
+
+        async def run(indices: list[int]) -> None:
+            async with self._concurrent:
+                for i in indices:
+                    out[i] = await self._scripts[name](keys=calls[i][0], args=calls[i][1])
+
+        await asyncio.gather(*(run(ix) for ix in by_classifier.values()))
+        if then is not None:
+            pipe = self.redis.pipeline(transaction=False)
+            then(pipe)
+            await pipe.execute()
+        return out
+
+    def _unregistered(self, owners: set[str]) -> list[str]:
+        """The classifiers of `owners` this process has not added to the set for `REGISTER_EVERY_S`."""
+        now = time.monotonic()
+        if len(self._registered) > 1024:
+            self._registered = {c: t for c, t in self._registered.items() if now - t < REGISTER_EVERY_S}
+        return [c for c in owners if now - self._registered.get(c, -REGISTER_EVERY_S) >= REGISTER_EVERY_S]
 
     async def _pipelined(self, name: str, calls: list[tuple[list, list]], then=None) -> list:
         """Script `name` per (keys, args) in one pipeline, as bare EVALSHA (with ``client=pipe``
@@ -120,11 +176,13 @@ class Store:
         ingests = [(self.keys.ingest_keys(cid, hint[0] if hint else ingest_chunks(orjson.loads(payload))),
                     [part, expected, new, payload]) for cid, part, expected, new, payload, *hint in calls]
         owners = {owner_of(c[0])[0] for c in calls}  # a classifier's predicted negatives are not a classifier
-        res = await self._pipelined("INGEST", ingests, lambda p: p.sadd(self.keys.classifiers, *owners))
+        due = self._unregistered(owners)
+        res = await self._each("INGEST", ingests, (lambda pipe: pipe.sadd(self.keys.classifiers, *due)) if due else None)
+        self._registered.update((c, time.monotonic()) for c in due)
         return [(True, int(r[1]), [(int(r[i]), int(r[i + 1]), float(r[i + 2])) for i in range(2, len(r) - 2, 3)], [])
                 if int(r[0]) == 1 else
                 (False, int(r[1]), [], [(int(r[i]), int(r[i + 1])) for i in range(2, len(r) - 1, 2)])
-                for r in res[: len(calls)]]
+                for r in res]
 
     # ---- service-wide counts (GLOBAL_COUNT, offset-guarded per scope and partition) -----
     async def count_invalid(self, topic: str, partition: int, expected: int, new: int,
@@ -178,7 +236,7 @@ class Store:
                                [part, off, rid, label, now_ms, labeler, t, previous.get((cid, part), "")]))
                 previous[(cid, part)] = off
             retry = []
-            for i, r in zip(todo, await self._pipelined("LABEL", labels)):
+            for i, r in zip(todo, await self._each("LABEL", labels)):
                 r = [_text(x) for x in r]
                 if r[0] == "retry":
                     retry.append(i)
@@ -350,6 +408,7 @@ class Store:
         return bool(await self._scripts["FORGET"](keys=keys, args=[str(ids[-1]) if ids else ""]))
 
     async def drop_classifier(self, cid: str) -> None:
+        self._registered.pop(cid, None)
         await self.redis.srem(self.keys.classifiers, cid)
 
     # ---- reads --------------------------------------------------------------------------
