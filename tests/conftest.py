@@ -8,7 +8,7 @@
 * ``redis_cluster_url`` (session): ``$STRATAMETER_TEST_REDIS_CLUSTER_URL`` (any node) if set,
   else an embedded three-master cluster (``stratameter.embedded.EmbeddedRedisCluster``),
   started on first use.
-* ``redis_backend`` (function, parametrized ``redis`` / ``cluster``): a `RedisBackend`, for
+* ``redis_backend`` (function, parametrized ``redis`` / ``cluster``): a `harness.RedisBackend`, for
   the integration tests that run against both a single Redis and a Redis Cluster:
   ``.url``, ``.cluster``, ``.settings`` (``REDIS_URL`` and ``REDIS_CLUSTER`` for the
   service) and ``.client()`` (``Redis`` or ``RedisCluster``).
@@ -34,12 +34,12 @@ import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
 
 from stratameter.embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis, EmbeddedRedisCluster
+from tests.harness import RedisBackend
 
 if TYPE_CHECKING:
     from stratameter.state.store import Store
@@ -70,24 +70,6 @@ def redis_url() -> Iterator[str]:
 def redis_cluster_url() -> Iterator[str]:
     yield from _external_or_embedded("STRATAMETER_TEST_REDIS_CLUSTER_URL", EmbeddedRedisCluster,
                                      lambda cluster: cluster.url)
-
-
-@dataclass(frozen=True)
-class RedisBackend:
-    """A single Redis or a Redis Cluster, as the service is told about it."""
-
-    url: str
-    cluster: bool
-
-    @property
-    def settings(self) -> dict[str, str]:
-        """``REDIS_URL`` and ``REDIS_CLUSTER``, for `running_service` and `Workload`."""
-        return {"REDIS_URL": self.url, "REDIS_CLUSTER": "true" if self.cluster else "false"}
-
-    def client(self):
-        from redis.asyncio import Redis, RedisCluster
-
-        return (RedisCluster if self.cluster else Redis).from_url(self.url)
 
 
 @pytest.fixture(params=["redis", "cluster"])

@@ -21,6 +21,24 @@ from stratameter.state.keys import NEGATIVES_SUFFIX
 from stratameter.embedded import answer_label_requests, create_topics, find_free_port, group_consumer, start_group_consumer
 
 
+@dataclass(frozen=True)
+class RedisBackend:
+    """A single Redis or a Redis Cluster, as the service is told about it."""
+
+    url: str
+    cluster: bool
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """``REDIS_URL`` and ``REDIS_CLUSTER``, for `running_service` and `Workload`."""
+        return {"REDIS_URL": self.url, "REDIS_CLUSTER": "true" if self.cluster else "false"}
+
+    def client(self):
+        from redis.asyncio import Redis, RedisCluster
+
+        return (RedisCluster if self.cluster else Redis).from_url(self.url)
+
+
 @dataclass
 class Running:
     service: object
@@ -161,6 +179,7 @@ class Workload:
     topics: dict[str, str]
     group: str
     prefix: str
+    redis_cluster: bool = False
     truth: dict[str, int] = field(default_factory=dict)
     answered: dict[str, bool | None] = field(default_factory=dict)
     requested_items: dict[str, str] = field(default_factory=dict)
@@ -168,6 +187,7 @@ class Workload:
     def env(self, port: int, instance: str, **settings: str) -> dict[str, str]:
         base = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "KAFKA_CONSUMER_GROUP": self.group,
                 "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": self.redis_url, "REDIS_KEY_PREFIX": self.prefix,
+                "REDIS_CLUSTER": "true" if self.redis_cluster else "false",
                 "TOPIC_SCORES": self.topics["scores"], "TOPIC_LABEL_REQUESTS": self.topics["requests"],
                 "TOPIC_LABELS": self.topics["labels"], "TOPIC_DEAD_LETTER": self.topics["dlq"],
                 "HTTP_PORT": str(port), "HTTP_HOST": "127.0.0.1", "INSTANCE_ID": instance, "LOG_LEVEL": "WARNING",

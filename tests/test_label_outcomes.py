@@ -10,16 +10,15 @@ import time
 import orjson
 import pytest
 
-from redis.asyncio import Redis
-
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration
 
 
-async def test_expired_requests_are_replaced_and_late_answers_not_folded(kafka_bootstrap, redis_url, unique_name):
+async def test_expired_requests_are_replaced_and_late_answers_not_folded(kafka_bootstrap, redis_backend, unique_name):
     settings = {"LABEL_TIMEOUT_SECONDS": "1.5", "DELTA": "0.2", "CONFIDENCE": "0.9", "STRATA": "2"}
-    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+    async with running_service(kafka_bootstrap, redis_backend.url, unique_name, **redis_backend.settings,
+                               **settings) as run:
         now_ms = int(time.time() * 1000)
         for i in range(400):
             await run.send_score(classifier_id="clf", item_id=f"i{i}", score=0.5 + i / 800, event_time=now_ms)
@@ -59,9 +58,10 @@ async def test_expired_requests_are_replaced_and_late_answers_not_folded(kafka_b
         assert set(per_stratum) == {0, 1}
 
 
-async def test_foreign_unknown_and_duplicate_labels(kafka_bootstrap, redis_url, unique_name):
+async def test_foreign_unknown_and_duplicate_labels(kafka_bootstrap, redis_backend, unique_name):
     settings = {"DELTA": "0.3", "CONFIDENCE": "0.8", "STRATA": "1"}
-    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+    async with running_service(kafka_bootstrap, redis_backend.url, unique_name, **redis_backend.settings,
+                               **settings) as run:
         now_ms = int(time.time() * 1000)
         for cid in ("a", "b"):
             for i in range(50):
@@ -91,7 +91,7 @@ async def test_foreign_unknown_and_duplicate_labels(kafka_bootstrap, redis_url, 
         # every unknown answer in one series: b's, 2 unroutable and 4 made up (before: the made-up ones
         # were counted in hashes of classifiers that do not exist, and exported nowhere)
         assert 'stratameter_labels_total{classifier="",outcome="unknown"} 7.0' in text
-        redis = Redis.from_url(redis_url)
+        redis = redis_backend.client()
         try:
             prefix = run.service.settings.redis_key_prefix
             assert [k async for k in redis.scan_iter(f"{prefix}:{{ghost*")] == []

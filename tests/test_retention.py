@@ -22,11 +22,11 @@ async def _memory(redis: Redis, prefix: str) -> int:
     return total
 
 
-async def test_old_chunks_are_purged_and_memory_stays_bounded(redis_url, unique_name):
-    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": "1",
+async def test_old_chunks_are_purged_and_memory_stays_bounded(redis_backend, unique_name):
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_backend.url, "STRATAMETER_CHUNK_SECONDS": "1",
                               "STRATAMETER_RESERVOIR_SIZE": "64"})
     prefix = unique_name("ret")
-    redis = Redis.from_url(redis_url)
+    redis = redis_backend.client()
     store = Store(redis, prefix)
     ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
     rng = np.random.default_rng(1)
@@ -93,16 +93,16 @@ async def test_the_process_caches_keep_open_chunks_only(redis_url, unique_name):
     await redis.aclose()
 
 
-async def test_a_classifier_silent_for_its_whole_history_is_forgotten(redis_url, unique_name):
+async def test_a_classifier_silent_for_its_whole_history_is_forgotten(redis_backend, unique_name):
     """Every key of a classifier (both sides) goes and its id leaves `classifiers` once its newest
     chunk ended HISTORY_CHUNKS chunks ago and nothing awaits an answer; FORGET refuses if a score
     opened a newer chunk meanwhile; a classifier that still sends is kept."""
     from stratameter.requests.loop import RequestLoop
 
-    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": "1",
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_backend.url, "STRATAMETER_CHUNK_SECONDS": "1",
                               "STRATAMETER_HISTORY_CHUNKS": "2", "STRATAMETER_CHUNK_RETENTION": "1",
                               "STRATAMETER_ALLOWED_LATENESS_SECONDS": "1", "STRATAMETER_METRICS": "precision,recall"})
-    redis = Redis.from_url(redis_url)
+    redis = redis_backend.client()
     prefix = unique_name("forget")
     store = Store(redis, prefix)
     ingest = ScoreIngestor(store, settings, np.random.default_rng(0))

@@ -17,9 +17,10 @@ pytestmark = pytest.mark.integration
 ITEMS = 3000
 
 
-async def test_full_loop_converges_for_several_classifiers(kafka_bootstrap, redis_url, unique_name):
+async def test_full_loop_converges_for_several_classifiers(kafka_bootstrap, redis_backend, unique_name):
     settings = {"DELTA": "0.05", "CONFIDENCE": "0.999", "MAX_LABELS_PER_HOUR": "5000"}
-    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+    async with running_service(kafka_bootstrap, redis_backend.url, unique_name, **redis_backend.settings,
+                               **settings) as run:
         truth_by_item: dict[str, int] = {}
         truth: dict[str, float] = {}
         now_ms = int(time.time() * 1000)
