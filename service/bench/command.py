@@ -38,6 +38,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all-metrics", action="store_true",
                    help="also run the service's ingest with STRATAMETER_METRICS=precision,recall,f1,accuracy "
                         "(the predicted negatives kept too) and report its rate against precision alone")
+    p.add_argument("--redis-cluster", nargs="?", const=True, default=False, metavar="URL",
+                   help="also run the service's ingest against a Redis Cluster (STRATAMETER_REDIS_CLUSTER=true): "
+                        "a local three-master cluster, or the cluster whose node URL is given")
+    p.add_argument("--serve", type=_positive_int, nargs="?", const=1000, default=0, metavar="ANSWERS",
+                   help="then run `stratameter run` (request loop, HTTP) over the ingested classifiers on each "
+                        "backend: seconds to own them all, /metrics scrape time and size, and the label round "
+                        "trip (answer produced -> counted by /v1/classifiers/{id}) of ANSWERS answers (default "
+                        "1000) while scores stream at the measured ingest rate")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(handler=main)
 
@@ -51,7 +59,8 @@ def main(args) -> int:
 
     try:
         result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
-                       seed=args.seed, log=log, all_metrics=args.all_metrics)
+                       seed=args.seed, log=log, all_metrics=args.all_metrics,
+                       redis_cluster=args.redis_cluster, serve=args.serve)
     except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
         print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -80,6 +89,8 @@ def _table(doc: dict) -> None:
         ("service: Kafka -> Redis state", doc["service_records_per_s"], doc["service_seconds"]),
         *((("service, every metric (both sides)", doc["service_all_metrics_records_per_s"],
             doc["records"] / doc["service_all_metrics_records_per_s"]),) if "all_metrics_vs_precision" in doc else ()),
+        *((("service on a Redis Cluster", doc["service_cluster_records_per_s"],
+            doc["records"] / doc["service_cluster_records_per_s"]),) if "cluster_vs_single" in doc else ()),
     ):
         t.add_row(name, f"{rate:,}", f"{secs:.2f}", f"{rate / dec:.2f}")
     console = Console()
@@ -90,5 +101,16 @@ def _table(doc: dict) -> None:
     for snap in doc["redis_bytes_per_classifier_at"]:
         m.add_row(f"{snap['records']:,}", f"{snap['bytes_per_classifier']:,}")
     console.print(m)
+    for key, what in (("redis_bytes_per_classifier_all_metrics", "every metric"),
+                      ("redis_bytes_per_classifier_cluster", "on the Redis Cluster")):
+        if key in doc:
+            console.print(f"Redis bytes per classifier at the end, {what}: {doc[key]:,}")
+    for backend, doc_serve in doc.get("serve", {}).items():
+        console.print(f"the whole service on {backend}: owned every classifier in {doc_serve['owned_seconds']:.1f} s; "
+                      f"/metrics {doc_serve['scrape_seconds_median']:.3f} s median ({doc_serve['scrape_seconds_max']:.3f} "
+                      f"max), {doc_serve['scrape_bytes']:,} bytes, {doc_serve['scrape_series']:,} series; label round "
+                      f"trip p50 {doc_serve['label_round_trip_ms_p50']:.0f} ms, p99 "
+                      f"{doc_serve['label_round_trip_ms_p99']:.0f} ms over {doc_serve['label_round_trips']:,} answers, "
+                      f"scores streaming at {doc_serve['stream_records_per_s']:,} records/s")
     console.print(f"service group join (excluded): {doc['service_join_seconds']:.2f} s; "
                   f"records counted in Redis: {doc['records_counted']:,}")

@@ -63,6 +63,11 @@ class BenchResult:
     # sides of the threshold kept), in the same run
     service_all_metrics_records_per_s: float | None = None
     redis_bytes_per_classifier_all_metrics: int | None = None
+    # with `redis_cluster`: the same ingest against a Redis Cluster (STRATAMETER_REDIS_CLUSTER=true), in the same run
+    service_cluster_records_per_s: float | None = None
+    redis_bytes_per_classifier_cluster: int | None = None
+    # with `serve`: the whole service over the ingested classifiers (`serve.serve_bench`), per backend
+    serve: dict | None = None
 
     @property
     def ratio(self) -> float:
@@ -91,6 +96,11 @@ class BenchResult:
                 "all_metrics_vs_precision": round(self.service_all_metrics_records_per_s
                                                   / self.service_records_per_s, 3),
                 "redis_bytes_per_classifier_all_metrics": self.redis_bytes_per_classifier_all_metrics}),
+            **({} if self.service_cluster_records_per_s is None else {
+                "service_cluster_records_per_s": round(self.service_cluster_records_per_s),
+                "cluster_vs_single": round(self.service_cluster_records_per_s / self.service_records_per_s, 3),
+                "redis_bytes_per_classifier_cluster": self.redis_bytes_per_classifier_cluster}),
+            **({} if self.serve is None else {"serve": self.serve}),
         }
 
 
@@ -300,9 +310,11 @@ async def _until_counted(probe, prefix: str, cids: list[str], records: int, memo
 async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifiers: int = 10,
                     partitions: int = 3, memory_at: list[int] | None = None, seed: int = 0,
                     log: Callable[[str], None] = lambda msg: None, timeout_s: float | None = None,
-                    all_metrics: bool = False) -> BenchResult:
+                    all_metrics: bool = False, redis_cluster: str | None = None, serve: int = 0) -> BenchResult:
     """One benchmark run against the given Kafka bootstrap servers and Redis URL (with
-    `all_metrics`, the service's ingest a second time with every metric enabled).
+    `all_metrics`, the service's ingest a second time with every metric enabled; with
+    `redis_cluster`, the URL of a Redis Cluster node, once more against that cluster; with `serve`
+    answers, the whole service over the ingested state on each backend, `serve.serve_bench`).
 
     Uses fresh topic, consumer group and Redis key prefix names, so it can run
     against shared backends; it does not delete them afterwards.
@@ -333,11 +345,13 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     max_records = settings.batch_max_records
 
     log(f"generating {records:,} score records for {classifiers} classifiers")
+    cids_b = [c.encode() for c in classifier_ids(classifiers)]
     which, values = score_values(records, classifiers, seed)
     log(f"producing to {names['scores']} ({partitions} partitions)")
     t0 = time.perf_counter()
     await produce(kafka, names["scores"], partitions, which, values, classifiers)
     produce_s = time.perf_counter() - t0
+    stream = [(cids_b[c], v) for c, v in zip(which.tolist(), values)] if serve else []
     del values
 
     log("bare consumer, raw (no decoding)")
@@ -349,6 +363,19 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     service_s, join_s, snaps = await service_consume(settings, cids, records, memory_at, timeout_s)
     counted_records = snaps[-1]["records"]
     every = await _every_metric(env, run_id, cids, records, timeout_s, log) if all_metrics else None
+    cluster_env = {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}-cluster",
+                   "STRATAMETER_REDIS_KEY_PREFIX": f"bench-{run_id}-cluster",
+                   "STRATAMETER_REDIS_URL": redis_cluster or "", "STRATAMETER_REDIS_CLUSTER": "true"}
+    cluster = await _on_cluster(cluster_env, cids, records, timeout_s, log) if redis_cluster else None
+    served = {}
+    if serve:
+        from .serve import serve_bench
+
+        rate = records / service_s
+        for name, backend_env in (("redis", env), ("cluster", cluster_env if redis_cluster else None)):
+            if backend_env is not None:
+                log(f"the whole service on {name}")
+                served[name] = await serve_bench(backend_env, kafka, names, cids, stream, rate, serve, timeout_s, log)
     return BenchResult(
         records=records, classifiers=classifiers, partitions=partitions, batch_max_records=max_records,
         service_records_per_s=records / service_s, raw_consume_decode_records_per_s=records / decode_s,
@@ -357,6 +384,9 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
         records_counted=counted_records, produce_seconds=produce_s, memory=snaps,
         service_all_metrics_records_per_s=records / every[0] if every else None,
         redis_bytes_per_classifier_all_metrics=every[1] if every else None,
+        service_cluster_records_per_s=records / cluster[0] if cluster else None,
+        redis_bytes_per_classifier_cluster=cluster[1] if cluster else None,
+        serve=served or None,
     )
 
 
@@ -374,13 +404,25 @@ async def _every_metric(env: dict, run_id: str, cids: list[str], records: int, t
     return seconds, snaps[-1]["bytes_per_classifier"]
 
 
+async def _on_cluster(cluster_env: dict, cids: list[str], records: int, timeout_s: float, log) -> tuple[float, int]:
+    """The service's ingest against a Redis Cluster (`cluster_env`: a fresh consumer group and key
+    prefix): (seconds, Redis bytes per classifier at the end)."""
+    from ..config import load_settings
+
+    log("service ingest path on the Redis Cluster (fresh group and keys)")
+    seconds, _, snaps = await service_consume(load_settings(cluster_env), cids, records, [], timeout_s)
+    return seconds, snaps[-1]["bytes_per_classifier"]
+
+
 def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
           redis: str | None = None, memory_at: list[int] | None = None, seed: int = 0,
-          log: Callable[[str], None] = lambda msg: None, all_metrics: bool = False) -> BenchResult:
-    """`run_bench` with embedded tansu / Redis for the backends not given."""
+          log: Callable[[str], None] = lambda msg: None, all_metrics: bool = False,
+          redis_cluster: bool | str = False, serve: int = 0) -> BenchResult:
+    """`run_bench` with embedded tansu / Redis for the backends not given (`redis_cluster`: a
+    cluster node's URL, or True for a local three-master cluster)."""
     from contextlib import ExitStack
 
-    from ..embedded import EmbeddedKafka, EmbeddedRedis
+    from ..embedded import EmbeddedKafka, EmbeddedRedis, EmbeddedRedisCluster
 
     with ExitStack() as stack:
         if kafka is None:
@@ -389,5 +431,9 @@ def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, ka
         if redis is None:
             log("starting embedded Redis")
             redis = stack.enter_context(EmbeddedRedis()).url
+        if redis_cluster is True:
+            log("starting a local Redis Cluster (three masters)")
+            redis_cluster = stack.enter_context(EmbeddedRedisCluster()).url
         return asyncio.run(run_bench(kafka, redis, records, classifiers, partitions, memory_at, seed, log,
-                                     all_metrics=all_metrics))
+                                     all_metrics=all_metrics, redis_cluster=redis_cluster or None,
+                                     serve=serve))
