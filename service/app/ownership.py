@@ -47,30 +47,34 @@ class Leases:
         self._free_since: dict[str, float] = {}
 
     async def renew(self) -> None:
-        """Take or keep the leases this instance should hold, hand over the others."""
+        """Take or keep the leases this instance should hold, hand over the others (the leases
+        taken or kept in one pipeline: a replica may own thousands)."""
         me = self.instance
         live = await self.store.heartbeat(me, int(time.time() * 1000), LEASE_MS)
         self.exports_global = preferred_owner(GLOBAL_SERIES_OWNER, live) == me
         cids = await self.store.classifiers()
         holders = await self.store.lease_holders(cids)
-        owned = set()
+        take = []
         for cid in cids:
             holder = holders[cid]
             preferred = preferred_owner(cid, live) == me
             if holder is None:
                 seen_free = self._free_since.setdefault(cid, time.monotonic())
-                waited = time.monotonic() - seen_free >= LEASE_MS / 3000
-                if (preferred or waited) and await self.store.acquire_lease(cid, me, LEASE_MS):
-                    owned.add(cid)
+                if preferred or time.monotonic() - seen_free >= LEASE_MS / 3000:
+                    take.append(cid)
                 continue
             self._free_since.pop(cid, None)
             if holder != me:
                 continue
             if not preferred and preferred_owner(cid, live) is not None:
                 await self.store.release_lease(cid, me)  # hand over to the preferred live instance
-            elif await self.store.acquire_lease(cid, me, LEASE_MS):
-                owned.add(cid)
-        self.owned = owned
+            else:
+                take.append(cid)
+        held = await self.store.acquire_leases(take, me, LEASE_MS)
+        self.owned = {cid for cid, ok in zip(take, held) if ok}
+        for cid in self.owned:
+            self._free_since.pop(cid, None)
+        self._free_since = {c: t for c, t in self._free_since.items() if c in holders}
 
     async def release_all(self) -> None:
         """On shutdown: give every lease back so another instance takes over at once."""

@@ -1,6 +1,7 @@
 """The label-request loop of `stratameter run`: the classifiers this instance leases,
 stepped one after the other (`requests.loop.RequestLoop`), woken by labels and applied
-batches, else every 0.25 s; leases renewed every third of their TTL."""
+batches, else every 0.25 s, resting as long as each pass took; leases renewed every third
+of their TTL by a task of their own."""
 
 from __future__ import annotations
 
@@ -36,28 +37,52 @@ class RequestTask:
             await asyncio.gather(*futures)
 
     async def requests_forever(self) -> None:
-        next_lease = 0.0
+        """Step every owned classifier, then rest at least as long as the pass took (a replica
+        owning thousands of classifiers keeps half the process for the consume pipeline and the
+        HTTP API), and until woken (labels folded, a batch applied) or 0.25 s have passed.  The
+        leases are renewed by a task of their own, so a long pass never lets them expire."""
+        renewing = asyncio.create_task(self._renew_forever())
+        try:
+            while not self.stopping.is_set():
+                started = time.monotonic()
+                await self._pass()
+                await asyncio.sleep(time.monotonic() - started)
+                try:
+                    await asyncio.wait_for(self.wake.wait(), 0.25)
+                except asyncio.TimeoutError:
+                    pass
+                self.wake.clear()
+        finally:  # renewal ends by itself once stopping (not cancelled mid-way: every lease it
+            await asyncio.gather(renewing, return_exceptions=True)  # took is in `owned`, released on stop)
+
+    async def _pass(self) -> None:
+        try:
+            for cid in sorted(self.leases.owned):
+                if cid not in self.leases.owned:  # handed over during the pass
+                    continue
+                if cid not in self._republished:  # newly owned: requests a crash left unpublished
+                    await self.loop.republish_outbox(cid)
+                    self._republished.add(cid)
+                await self.loop.step(cid)
+            self.health.redis_ok()
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            self.health.redis_failed()
+            log.warning("request loop: redis unavailable", extra={"error": repr(exc)})
+        except Exception:  # noqa: BLE001 - never let the loop die; report and go on
+            log.exception("request loop step failed")
+
+    async def _renew_forever(self) -> None:
+        """Renew the leases every third of their TTL until stopping."""
         while not self.stopping.is_set():
             try:
-                now = time.monotonic()
-                if now >= next_lease:
-                    before = self.leases.owned
-                    await self.leases.renew()
-                    self._republished -= before - self.leases.owned
-                    next_lease = now + LEASE_MS / 3000
-                for cid in sorted(self.leases.owned):
-                    if cid not in self._republished:  # newly owned: requests a crash left unpublished
-                        await self.loop.republish_outbox(cid)
-                        self._republished.add(cid)
-                    await self.loop.step(cid)
-                self.health.redis_ok()
+                await self.leases.renew()
+                self._republished &= self.leases.owned  # a lease lost and taken again: republish then
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 self.health.redis_failed()
-                log.warning("request loop: redis unavailable", extra={"error": repr(exc)})
-            except Exception:  # noqa: BLE001 - never let the loop die; report and go on
-                log.exception("request loop step failed")
+                log.warning("lease renewal: redis unavailable", extra={"error": repr(exc)})
+            except Exception:  # noqa: BLE001 - never let renewal die; report and go on
+                log.exception("lease renewal failed")
             try:
-                await asyncio.wait_for(self.wake.wait(), 0.25)
+                await asyncio.wait_for(self.stopping.wait(), LEASE_MS / 3000)
             except asyncio.TimeoutError:
                 pass
-            self.wake.clear()

@@ -15,6 +15,8 @@ from ..labels.folder import OUTCOMES
 from ..api.views import classifier_view, last_label_ms
 
 
+#: classifiers read at once per scrape
+READ_CONCURRENCY = 32
 #: per-classifier gauges: (name, help)
 _GAUGES = (
     ("stratameter_precision_ratio", "Stratified precision estimate of the reported chunk"),
@@ -165,14 +167,20 @@ class _Current:
 
 async def _snapshot(service) -> SnapshotCollector:
     """Read the classifiers this instance owns, and the service-wide series if it is
-    their designated exporter (see runner.GLOBAL_SERIES_OWNER)."""
-    views = []
-    for cid in sorted(service.owned):
+    their designated exporter (see runner.GLOBAL_SERIES_OWNER).  The classifiers are read
+    `READ_CONCURRENCY` at a time: each read is a few round trips, which overlap (on a
+    Redis Cluster, on several nodes at once)."""
+    gate = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def view(cid: str) -> dict | None:
         cfg = service.settings.for_classifier(cid)
-        v = await classifier_view(service.store, cid, cfg)
-        if v is not None:
-            v["last_label_ms"] = await last_label_ms(service.store, cid, cfg)
-            views.append(v)
+        async with gate:
+            v = await classifier_view(service.store, cid, cfg)
+            if v is not None:
+                v["last_label_ms"] = await last_label_ms(service.store, cid, cfg)
+        return v
+
+    views = [v for v in await asyncio.gather(*(view(c) for c in sorted(service.owned))) if v is not None]
     if service.exports_global:
         invalid = await service.store.invalid_counts()
         unknown = await service.store.unknown_labels()

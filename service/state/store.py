@@ -249,6 +249,11 @@ class Store:
     async def acquire_lease(self, cid: str, instance: str, ttl_ms: int) -> bool:
         return bool(await self._scripts["LEASE"](keys=[self.keys.lease(cid)], args=[instance, ttl_ms]))
 
+    async def acquire_leases(self, cids: list[str], instance: str, ttl_ms: int) -> list[bool]:
+        """`acquire_lease` for each of `cids`, in one pipeline (per classifier on a cluster)."""
+        calls = [([self.keys.lease(cid)], [instance, ttl_ms]) for cid in cids]
+        return [bool(int(r)) for r in await self._each("LEASE", calls)] if calls else []
+
     async def release_lease(self, cid: str, instance: str) -> bool:
         return bool(await self._scripts["RELEASE"](keys=[self.keys.lease(cid)], args=[instance]))
 
@@ -279,6 +284,8 @@ class Store:
         k = self.keys
         while True:
             due = [_text(r) for r in await self.redis.zrangebyscore(k.pending(cid), "-inf", now_ms)]
+            if not due:  # nothing to re-check: no script call (a step of every owned classifier reads this)
+                return 0
             chunks = [_text(c) or "" for c in await self._hgets([k.request(cid, rid) for rid in due], "chunk")]
             keys = [k.pending(cid), k.counters(cid)] + [k.request(cid, rid) for rid in due]
             replace: dict[str, int] = {}  # chunk -> index of its replace hash in KEYS (1-based)
