@@ -254,3 +254,23 @@ def test_all_four_metrics_at_once_cover_and_cost_little_more_than_the_hardest():
     alone = run_whole_until_stop(prepare_whole(pop, design, ["recall"]), design, ["recall"], protocol, 500, 7,
                                  max_labels(pop, protocol))
     assert r.labels.mean() <= 1.25 * alone.labels.mean()
+
+
+def test_precision_of_both_sides_is_the_chunk_interval_of_the_positives():
+    """The API reports precision once (`views.chunk_view` takes the top-level interval from the
+    metrics): with or without the negatives' strata after the positives', the metric interval
+    of precision is the positives' chunk interval, open (no fpc) and closed."""
+    from stratameter.stats import streams
+
+    rng = np.random.default_rng(7)
+    for i in range(500):
+        k_pos, k_neg = 4, int(rng.integers(0, 5))
+        N = rng.integers(1, 1000, k_pos + k_neg).astype(float)
+        n = np.minimum(N, rng.integers(0, 40, k_pos + k_neg)).astype(float)
+        h = np.floor(n * rng.random(k_pos + k_neg))
+        positive = np.arange(k_pos + k_neg) < k_pos
+        closed = bool(i % 2)
+        a = streams.chunk_interval(N[positive], n[positive], h[positive], 0.95, closed)
+        b = confusion.metric_interval("precision", N, n, h, positive, 0.95, fpc=closed)
+        np.testing.assert_allclose([a.estimate, a.lower, a.upper, a.stderr], [b.estimate, b.lower, b.upper, b.stderr],
+                                   rtol=0, atol=1e-12)

@@ -37,20 +37,22 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     (`negatives`, whose strata are listed after the positives' with ids from K)."""
     chunk_seconds = cfg.chunk_seconds
     closed = bool(streams.is_closed(now_s, (cs.chunk + 1) * chunk_seconds, _lateness(cfg)))
-    iv = streams.chunk_interval(cs.N, cs.n, cs.h, cfg.confidence, closed) if cs.N.sum() else None
     metric_names = cfg.metrics.split(",")
     sides = [(cs, 0, "positive")] + ([(negatives, cfg.strata, "negative")] if negatives is not None else [])
     if cs.N.sum() == 0 and negatives is not None:
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]
     metrics = _metrics(sides, metric_names, cfg.confidence, closed)
-    ok = iv is not None and iv.lower == iv.lower  # not NaN
+    if "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
+        top = metrics["precision"]
+    else:
+        top = _metrics([(cs, 0, "positive")], ["precision"], cfg.confidence, closed)["precision"]
     return {
         "chunk": {"start": _iso(cs.chunk * chunk_seconds), "end": _iso((cs.chunk + 1) * chunk_seconds)},
-        "estimate": _num(iv.estimate) if ok else None,
-        "ci_lower": _num(iv.lower) if ok else None,
-        "ci_upper": _num(iv.upper) if ok else None,
-        "stderr": _num(iv.stderr) if ok else None,
+        "estimate": top["estimate"],
+        "ci_lower": top["ci_lower"],
+        "ci_upper": top["ci_upper"],
+        "stderr": top["stderr"],
         "metrics": metrics,
         "labels": sum(int(side.n.sum()) for side, _, _ in sides),
         "population": sum(int(side.N.sum()) for side, _, _ in sides),
@@ -113,16 +115,21 @@ def reported_chunk(chunks: list[dict], starts: list[float], now_s: float) -> dic
     return started[-1]
 
 
-async def classifier_view(store: Store, cid: str, cfg) -> dict | None:
-    """The `GET /v1/classifiers/{id}` document (None for an unknown id)."""
+async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> dict | None:
+    """The `GET /v1/classifiers/{id}` document (None for an unknown id).  Without `history` (what
+    the gauges need) only the two newest started chunks are read, the reported one among them,
+    and ``history`` is empty: a scrape's cost does not grow with HISTORY_CHUNKS."""
     summary = await store.classifier_summary(cid)
     if not summary["meta"]:
         return None
     now_s = time.time()
     sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
-    found = []
-    for sid in sides:
-        found.append({c.chunk: c for c in await store.chunks(sid, await store.chunk_ids(sid))})
+    ids_by_side = [await store.chunk_ids(sid) for sid in sides]
+    wanted = sorted(set().union(*ids_by_side))
+    if not history:
+        wanted = [t for t in wanted if t * cfg.chunk_seconds <= now_s][-2:]
+    found = [{c.chunk: c for c in await store.chunks(sid, [t for t in wanted if t in set(side_ids)])}
+             for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
                          found[1].get(t) if len(found) > 1 else None) for t in ids]
@@ -153,14 +160,8 @@ async def classifier_view(store: Store, cid: str, cfg) -> dict | None:
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,
                                                                         int(now_s) % 3600)) - issued)
-    doc["history"] = [c for c in chunks if c is not reported]
+    doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc
-
-
-async def last_label_ms(store: Store, cid: str, cfg) -> int:
-    """When the classifier's last label was folded (epoch ms, 0 if never), either side."""
-    sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
-    return max([int((await store.classifier_summary(sid))["counters"].get("last_label_ms", 0)) for sid in sides])
 
 
 def _lead(positives: ChunkState | None, negatives: ChunkState | None, cfg, t: int) -> ChunkState:

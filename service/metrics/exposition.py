@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..labels.folder import OUTCOMES
-from ..api.views import classifier_view, last_label_ms
+from stratameter.schemas.times import rfc3339_to_ms
+
+from ..api.views import classifier_view
 
 
 #: classifiers read at once per scrape
@@ -108,7 +110,7 @@ def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
     gauges["stratameter_labels_pending"].add_metric([cid], v["pending"])
     gauges["stratameter_label_budget_remaining"].add_metric([cid], v["label_budget_remaining"])
     if v["last_label_at"] is not None:
-        gauges["stratameter_last_label_timestamp_seconds"].add_metric([cid], v["last_label_ms"] / 1000)
+        gauges["stratameter_last_label_timestamp_seconds"].add_metric([cid], rfc3339_to_ms(v["last_label_at"]) / 1000)
     for key, counter in counters.items():
         counter.add_metric([cid], v[key])
 
@@ -175,10 +177,7 @@ async def _snapshot(service) -> SnapshotCollector:
     async def view(cid: str) -> dict | None:
         cfg = service.settings.for_classifier(cid)
         async with gate:
-            v = await classifier_view(service.store, cid, cfg)
-            if v is not None:
-                v["last_label_ms"] = await last_label_ms(service.store, cid, cfg)
-        return v
+            return await classifier_view(service.store, cid, cfg, history=False)
 
     views = [v for v in await asyncio.gather(*(view(c) for c in sorted(service.owned))) if v is not None]
     if service.exports_global:

@@ -9,6 +9,7 @@ thousands of runs in one call and the service one classifier.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,8 +18,10 @@ from scipy.stats import norm
 INTERVALS: tuple[str, ...] = ("wilson", "normal")
 
 
+@functools.lru_cache(maxsize=64)
 def z_value(confidence: float) -> float:
-    """Two-sided standard normal quantile for the given confidence level."""
+    """Two-sided standard normal quantile for the given confidence level (cached: every
+    interval of every classifier at every scrape asks for one of a few levels)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     return float(norm.ppf(0.5 + confidence / 2.0))
