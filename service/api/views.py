@@ -119,12 +119,12 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     """The `GET /v1/classifiers/{id}` document (None for an unknown id).  Without `history` (what
     the gauges need) only the two newest started chunks are read, the reported one among them,
     and ``history`` is empty: a scrape's cost does not grow with HISTORY_CHUNKS."""
-    summary = await store.classifier_summary(cid)
-    if not summary["meta"]:
-        return None
     now_s = time.time()
     sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
-    ids_by_side = [await store.chunk_ids(sid) for sid in sides]
+    summary, *other = await store.overviews(sides, int(now_s * 1000))
+    if not summary["meta"]:
+        return None
+    ids_by_side = [summary["chunk_ids"]] + [o["chunk_ids"] for o in other]
     wanted = sorted(set().union(*ids_by_side))
     if not history:
         wanted = [t for t in wanted if t * cfg.chunk_seconds <= now_s][-2:]
@@ -134,10 +134,9 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
                          found[1].get(t) if len(found) > 1 else None) for t in ids]
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in ids], now_s)
-    if len(sides) > 1:  # the negatives' requests and answers count as the classifier's
-        other = await store.classifier_summary(sides[1])
-        summary["pending"] += other["pending"]
-        summary["counters"] = _summed(summary["counters"], other["counters"])
+    for o in other:  # the negatives' requests and answers count as the classifier's
+        summary["pending"] += o["pending"]
+        summary["counters"] = _summed(summary["counters"], o["counters"])
     counters = summary["counters"]
     doc = {
         "classifier_id": cid,
@@ -156,7 +155,7 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
                                 for m in cfg.metrics.split(",")})
     doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "metrics", "labels",
                                      "population", "chunk", "strata", "rounds", "status", "closed")})
-    issued = sum([await store.issued_this_hour(sid, int(now_s * 1000)) for sid in sides])
+    issued = summary["issued"] + sum(o["issued"] for o in other)
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,
                                                                         int(now_s) % 3600)) - issued)

@@ -45,7 +45,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="then run `stratameter run` (request loop, HTTP) over the ingested classifiers on each "
                         "backend: seconds to own them all, /metrics scrape time and size, and the label round "
                         "trip (answer produced -> counted by /v1/classifiers/{id}) of ANSWERS answers (default "
-                        "1000) while scores stream at the measured ingest rate")
+                        "1000) while scores stream at --serve-load times the measured ingest rate")
+    p.add_argument("--serve-load", type=float, default=0.5, metavar="SHARE",
+                   help="with --serve: the score stream during the round trip, as a share of the ingest rate "
+                        "measured before (default 0.5; 1 saturates the service)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(handler=main)
 
@@ -60,7 +63,7 @@ def main(args) -> int:
     try:
         result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
                        seed=args.seed, log=log, all_metrics=args.all_metrics,
-                       redis_cluster=args.redis_cluster, serve=args.serve)
+                       redis_cluster=args.redis_cluster, serve=args.serve, serve_load=args.serve_load)
     except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
         print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

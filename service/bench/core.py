@@ -310,11 +310,13 @@ async def _until_counted(probe, prefix: str, cids: list[str], records: int, memo
 async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifiers: int = 10,
                     partitions: int = 3, memory_at: list[int] | None = None, seed: int = 0,
                     log: Callable[[str], None] = lambda msg: None, timeout_s: float | None = None,
-                    all_metrics: bool = False, redis_cluster: str | None = None, serve: int = 0) -> BenchResult:
+                    all_metrics: bool = False, redis_cluster: str | None = None, serve: int = 0,
+                    serve_load: float = 0.5) -> BenchResult:
     """One benchmark run against the given Kafka bootstrap servers and Redis URL (with
     `all_metrics`, the service's ingest a second time with every metric enabled; with
     `redis_cluster`, the URL of a Redis Cluster node, once more against that cluster; with `serve`
-    answers, the whole service over the ingested state on each backend, `serve.serve_bench`).
+    answers, the whole service over the ingested state on each backend, `serve.serve_bench`, with
+    scores streaming at `serve_load` times the measured ingest rate meanwhile).
 
     Uses fresh topic, consumer group and Redis key prefix names, so it can run
     against shared backends; it does not delete them afterwards.
@@ -371,7 +373,7 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     if serve:
         from .serve import serve_bench
 
-        rate = records / service_s
+        rate = records / service_s * serve_load
         for name, backend_env in (("redis", env), ("cluster", cluster_env if redis_cluster else None)):
             if backend_env is not None:
                 log(f"the whole service on {name}")
@@ -417,7 +419,7 @@ async def _on_cluster(cluster_env: dict, cids: list[str], records: int, timeout_
 def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
           redis: str | None = None, memory_at: list[int] | None = None, seed: int = 0,
           log: Callable[[str], None] = lambda msg: None, all_metrics: bool = False,
-          redis_cluster: bool | str = False, serve: int = 0) -> BenchResult:
+          redis_cluster: bool | str = False, serve: int = 0, serve_load: float = 0.5) -> BenchResult:
     """`run_bench` with embedded tansu / Redis for the backends not given (`redis_cluster`: a
     cluster node's URL, or True for a local three-master cluster)."""
     from contextlib import ExitStack
@@ -436,4 +438,4 @@ def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, ka
             redis_cluster = stack.enter_context(EmbeddedRedisCluster()).url
         return asyncio.run(run_bench(kafka, redis, records, classifiers, partitions, memory_at, seed, log,
                                      all_metrics=all_metrics, redis_cluster=redis_cluster or None,
-                                     serve=serve))
+                                     serve=serve, serve_load=serve_load))

@@ -471,6 +471,23 @@ class Store:
         dec = lambda d: {k.decode(): v.decode() for k, v in d.items()}  # noqa: E731
         return {"meta": dec(meta), "counters": dec(counters), "pending": int(pending)}
 
+    async def overviews(self, sids: list[str], now_ms: int) -> list[dict]:
+        """Per state, in one pipeline: `classifier_summary`, its chunk ids (``chunk_ids``) and the
+        requests issued in the hour of `now_ms` (``issued``): what a view needs before its chunks."""
+        k, hour = self.keys, str(now_ms // 3_600_000)
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in sids:
+            pipe.hgetall(k.meta(sid))
+            pipe.hgetall(k.counters(sid))
+            pipe.zcard(k.pending(sid))
+            pipe.zrange(k.chunks(sid), 0, -1)
+            pipe.hget(k.hourly(sid), hour)
+        raw = await pipe.execute()
+        dec = lambda d: {a.decode(): b.decode() for a, b in d.items()}  # noqa: E731
+        return [{"meta": dec(meta), "counters": dec(counters), "pending": int(pending),
+                 "chunk_ids": [int(x) for x in ids], "issued": int(issued or 0)}
+                for meta, counters, pending, ids, issued in (raw[i: i + 5] for i in range(0, len(raw), 5))]
+
     async def invalid_counts(self) -> dict[tuple[str, str], int]:
         raw = await self.redis.hgetall(self.keys.invalid)
         out = {}
