@@ -76,3 +76,45 @@ async def test_admission_counts_ids_admitted_but_not_yet_written(store):
     assert await admission.refused(["f"]) == {"f"} and admission.fresh == set()
     other = ClassifierAdmission(store, cap=3)  # another replica: sees the set
     assert await other.refused(["b", "z"]) == {"z"}
+
+
+async def test_twenty_thousand_ids_the_service_keeps_running_under_the_cap(kafka_bootstrap, redis_url, unique_name):
+    """The cardinality attack at scale: 20,000 distinct ids, one record each, against a cap of
+    500: 500 classifiers (state, series, request loops), 19,500 records dead-lettered and counted,
+    no key for a refused id, and the service still answers and counts a real classifier."""
+    cap, ids = 500, 20_000
+    async with running_service(kafka_bootstrap, redis_url, unique_name, MAX_CLASSIFIERS=str(cap)) as run:
+        now_ms = int(time.time() * 1000)
+        for i in range(ids):
+            await run.send_score(classifier_id=f"id-{i:05d}", item_id="x", score=0.9, event_time=now_ms)
+        await run.producer.flush()
+
+        async def refused_all():
+            _, body = await run.get("/metrics")
+            line = next((ln for ln in body.decode().splitlines() if 'reason="too_many_classifiers"' in ln), "")
+            return line.endswith(f" {float(ids - cap)}")
+        await wait_for(refused_all, 90, f"{ids - cap} refused records counted")
+        _, body = await run.get("/v1/classifiers")
+        admitted = orjson.loads(body)
+        assert len(admitted) == cap
+        for i in range(20):  # an admitted classifier keeps working
+            await run.send_score(classifier_id=admitted[0], item_id=f"y{i}", score=0.8, event_time=now_ms)
+        await run.producer.flush()
+
+        async def counted():
+            status, body = await run.get(f"/v1/classifiers/{admitted[0]}")
+            return status == 200 and orjson.loads(body)["scores"] == 21
+        await wait_for(counted, 30, "the admitted classifier's records counted")
+
+        async def every_admitted_exported():
+            _, body = await run.get("/metrics")
+            return body.decode().count("stratameter_scores_total{classifier=") == cap
+        await wait_for(every_admitted_exported, 30, "the admitted classifiers' series")
+        redis = Redis.from_url(redis_url)
+        try:
+            prefix = run.service.settings.redis_key_prefix
+            assert await redis.scard(f"{prefix}:{{_global}}:classifiers") == cap
+            tags = {k.decode().split("{", 1)[1].split("}", 1)[0] async for k in redis.scan_iter(f"{prefix}:*", count=5000)}
+            assert tags - {"_global"} == set(admitted)
+        finally:
+            await redis.aclose()

@@ -258,6 +258,9 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
         service.consumer.getmany = getmany  # instance attribute: notes the first fetch, nothing else
         tasks = service.spawn(requests=False)
         task = tasks[0]  # consume_forever
+        # each poll reads every classifier's count in the service's process: with many classifiers,
+        # poll less often (0.1 s at 1000), or the poll itself takes a share of the measured rate
+        poll_s = poll_s * max(1.0, len(cids) / 50)
         t_end, snaps = await _until_counted(probe, prefix, cids, records, memory_at, task, timeout_s, poll_s)
         service.stopping.set()
         await asyncio.gather(*tasks)
