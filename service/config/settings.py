@@ -136,7 +136,7 @@ class Settings(ClientOptions, BaseSettings):
     # at most history_chunks x chunk_seconds; left unset, 300 or that product if smaller (below)
     allowed_lateness_seconds: Annotated[int, in_range(0), CARRY] = 300
     # every classifier id creates state, series and a request loop: new ids past this are dead-lettered
-    max_classifiers: AtLeast1 = 10_000
+    max_classifiers: AtLeast1 = 5_000  # one replica scrapes 5,000 owned classifiers in ~5 s (README, Scale)
     # process
     batch_max_records: AtLeast1 = 5000
     dead_letter_max_per_second: Annotated[float, check(positive)] = 1000.0
