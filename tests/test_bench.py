@@ -120,12 +120,29 @@ def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
     import argparse
 
     args = argparse.Namespace(records=600, classifiers=2, partitions=1, kafka=kafka_bootstrap, redis=redis_url,
-                              seed=0, json=True, all_metrics=False)
+                              seed=0, json=True, all_metrics=False, redis_cluster=False, serve=0, serve_load=0.5)
     assert bench_main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
     doc = json.loads(out[0])
     assert KEYS <= set(doc) and doc["records_counted"] == 600
+
+
+def test_bench_on_a_cluster_and_serving(kafka_bootstrap, redis_url, redis_cluster_url, capsys):
+    """`--redis-cluster URL --serve N` through the real command line: the cluster ingest counts every
+    record, and on each backend `stratameter run` owns both classifiers, is scraped and folds N answers."""
+    from stratameter.cli import main
+
+    argv = ["bench", "--records", "800", "--classifiers", "2", "--partitions", "1", "--kafka", kafka_bootstrap,
+            "--redis", redis_url, "--redis-cluster", redis_cluster_url, "--serve", "6", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["records_counted"] == 800 and doc["service_cluster_records_per_s"] > 0
+    for backend in ("redis", "cluster"):
+        served = doc["serve"][backend]
+        assert served["label_round_trips"] == 6 and served["label_round_trips_complete"]
+        assert 0 < served["label_round_trip_ms_p50"] <= served["label_round_trip_ms_p99"]
+        assert served["scrape_series"] > 0 and served["scrape_bytes"] > 0
 
 
 async def test_a_refused_batch_is_redone_from_the_stored_offset_not_a_later_prediction(redis_url, unique_name):
