@@ -6,118 +6,46 @@ classifier).
 
 On a Redis Cluster (``redis.asyncio.RedisCluster``) every script call keeps its keys in one
 classifier's slot; the cluster client refuses scripts in a pipeline, so a batch's script
-calls go as one pipeline per node (`_per_node`), and what a node refused (slots moving, a
-restarted node) again classifier by classifier through the cluster client (`_each`).
-Plain reads and writes still go in (cluster) pipelines, which the client splits by node."""
+calls go as one pipeline per node, and what a node refused (slots moving, a restarted node)
+again classifier by classifier through the cluster client (`dispatch.ScriptCalls`, which
+`Store` extends, as it does `reads.Reads`).  Plain reads and writes still go in (cluster)
+pipelines, which the client splits by node."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import defaultdict
 
 import numpy as np
 import orjson
 from redis.asyncio import Redis, RedisCluster
-from redis.exceptions import AskError, ConnectionError, MovedError, NoScriptError, RedisError
 
 from ..stats.sketch import ScoreHistogram
-from . import scripts
+from .dispatch import ScriptCalls
 from .keys import UNKNOWN_LABELS_SCOPE, Keys, ingest_chunks, owner_of
-from .records import ChunkCuts, ChunkState, ReservoirWindow, _vec
+from .reads import Reads
+from .records import ChunkCuts, ChunkState, ReservoirWindow
 
 __all__ = ["ChunkCuts", "ChunkState", "MAX_STRATA", "ReservoirWindow", "Store"]
 
 MAX_STRATA = 20  # the largest STRATAMETER_STRATA allowed
-#: Classifiers whose script calls run at once on a cluster (the client allows 100 connections per node).
-CLUSTER_CONCURRENCY = 32
 #: A classifier is added to the service-wide set at most this often per process, not with every
 #: batch, so the set's slot does not take a write per batch (a forgotten classifier that comes
 #: back is listed again within this time).
 REGISTER_EVERY_S = 30.0
 
 
-def _hash_tag(key: str) -> str:
-    """The hash tag of `key` (``{cid}``): the classifier whose slot holds it."""
-    return key[key.index("{") + 1: key.index("}")]
-
-
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class Store:
+class Store(Reads, ScriptCalls):
     """Every Redis call of the service.  Key names come from `keys.Keys`; each script gets
     every key it touches in KEYS (see `scripts`)."""
 
     def __init__(self, redis: Redis | RedisCluster, prefix: str) -> None:
-        self.redis = redis
+        super().__init__(redis)
         self.keys = Keys(prefix)
-        self.cluster = isinstance(redis, RedisCluster)
-        self._scripts = {name: redis.register_script(scripts.source(name)) for name in scripts.NAMES}
-        self._concurrent = asyncio.Semaphore(CLUSTER_CONCURRENCY)
         self._registered: dict[str, float] = {}  # classifier -> time.monotonic() of its last SADD
-
-    async def _each(self, name: str, calls: list[tuple[list, list]], then=None) -> list:
-        """Script `name` per (keys, args), in order per classifier, with `then(pipe)` (plain
-        commands) after them: one pipeline on a single Redis (`_pipelined`); on a cluster, which
-        refuses scripts in a pipeline, each classifier's calls one after the other (the scripts'
-        guards expect a classifier's calls in order), classifiers concurrently.  The client
-        reloads a script after NOSCRIPT (a restarted or failed-over node)."""
-        if not self.cluster:
-            return (await self._pipelined(name, calls, then))[: len(calls)]
-        out: list = [None] * len(calls)
-        failed = await self._per_node(name, calls, out)
-        by_classifier: dict[str, list[int]] = defaultdict(list)
-        for i in failed:
-            by_classifier[_hash_tag(calls[i][0][0])].append(i)
-
-        async def run(indices: list[int]) -> None:
-            async with self._concurrent:
-                for i in indices:
-                    out[i] = await self._scripts[name](keys=calls[i][0], args=calls[i][1])
-
-        await asyncio.gather(*(run(ix) for ix in by_classifier.values()))
-        if then is not None:
-            pipe = self.redis.pipeline(transaction=False)
-            then(pipe)
-            await pipe.execute()
-        return out
-
-    async def _per_node(self, name: str, calls: list[tuple[list, list]], out: list) -> list[int]:
-        """The fast path of `_each` on a cluster: the calls grouped by the node that serves their
-        slot, each group sent as one pipeline of bare EVALSHA on one of that node's connections
-        (what the cluster client's own pipeline does for plain commands; a classifier's calls stay
-        in order).  Fills `out`; returns the calls to send again one by one through the cluster
-        client, in order: those refused without running (MOVED or ASK while slots move, NOSCRIPT
-        on a restarted node) and every call of a node that could not be reached."""
-        from redis.asyncio.cluster import PipelineCommand
-
-        await self.redis.initialize()
-        sha = self._scripts[name].sha
-        by_node: dict = defaultdict(list)
-        for i, (keys, _) in enumerate(calls):
-            by_node[self.redis.get_node_from_key(keys[0])].append(i)
-        failed: list[int] = []
-
-        async def send(node, indices: list[int]) -> None:
-            commands = [PipelineCommand(i, "EVALSHA", sha, len(calls[i][0]), *calls[i][0], *calls[i][1])
-                        for i in indices]
-            try:
-                await node.execute_pipeline(commands)
-            except (RedisError, OSError):
-                failed.extend(indices)
-                return
-            for i, command in zip(indices, commands):
-                if isinstance(command.result, (MovedError, AskError, NoScriptError, ConnectionError)):
-                    failed.append(i)
-                elif isinstance(command.result, Exception):
-                    raise command.result
-                else:
-                    out[i] = command.result
-
-        await asyncio.gather(*(send(node, ix) for node, ix in by_node.items()))
-        return sorted(failed)
 
     def _unregistered(self, owners: set[str]) -> list[str]:
         """The classifiers of `owners` this process has not added to the set for `REGISTER_EVERY_S`."""
@@ -125,31 +53,6 @@ class Store:
         if len(self._registered) > 1024:
             self._registered = {c: t for c, t in self._registered.items() if now - t < REGISTER_EVERY_S}
         return [c for c in owners if now - self._registered.get(c, -REGISTER_EVERY_S) >= REGISTER_EVERY_S]
-
-    async def _pipelined(self, name: str, calls: list[tuple[list, list]], then=None) -> list:
-        """Script `name` per (keys, args) in one pipeline, as bare EVALSHA (with ``client=pipe``
-        redis-py sends SCRIPT EXISTS first, one more round trip); `then(pipe)` adds commands.  On
-        NOSCRIPT the scripts are loaded and it is sent again (what NOSCRIPT refused ran nothing)."""
-        for retry in (False, True):
-            pipe = self.redis.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-            if then is not None:
-                then(pipe)
-            try:
-                return await pipe.execute()
-            except NoScriptError:
-                if retry:
-                    raise
-                for script in self._scripts.values():
-                    script.sha = await self.redis.script_load(script.script)
-
-    async def _hgets(self, keys: list[str], field: str) -> list:
-        """HGET `field` of each of `keys`, in one pipeline."""
-        pipe = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.hget(key, field)
-        return await pipe.execute()
 
     # ---- ingest -------------------------------------------------------------------------
     async def scores_offsets(self, cids: list[str], partition: int) -> dict[str, int]:
@@ -454,81 +357,3 @@ class Store:
     async def drop_classifier(self, cid: str) -> None:
         self._registered.pop(cid, None)
         await self.redis.srem(self.keys.classifiers, cid)
-
-    # ---- reads --------------------------------------------------------------------------
-    async def classifiers(self) -> list[str]:
-        return sorted(m.decode() for m in await self.redis.smembers(self.keys.classifiers))
-
-    async def known_classifiers(self, cids: list[str]) -> list[bool]:
-        return [bool(x) for x in await self.redis.smismember(self.keys.classifiers, cids)] if cids else []
-
-    async def classifier_count(self) -> int:
-        return int(await self.redis.scard(self.keys.classifiers))
-
-    async def chunk_ids(self, cid: str) -> list[int]:
-        return [int(x) for x in await self.redis.zrange(self.keys.chunks(cid), 0, -1)]
-
-    async def chunks(self, cid: str, ids: list[int]) -> list[ChunkState]:
-        pipe = self.redis.pipeline(transaction=False)
-        k = self.keys
-        for t in ids:
-            for key in (k.chunk_meta(cid, t), k.chunk_items(cid, t), k.chunk_labels(cid, t),
-                        k.chunk_positives(cid, t), k.chunk_replace(cid, t)):
-                pipe.hgetall(key)
-        raw = await pipe.execute()
-        out = []
-        for i, t in enumerate(ids):
-            meta, N, n, h, rep = (
-                {k.decode(): v.decode() for k, v in d.items()} for d in raw[5 * i: 5 * i + 5])
-            if "cuts" not in meta:
-                continue
-            cuts = np.asarray(orjson.loads(meta["cuts"]), dtype=float)
-            k = cuts.size + 1
-            out.append(ChunkState(
-                t, cuts, _vec(N, k), _vec(n, k), _vec(h, k), int(meta.get("round", 0)),
-                int(meta.get("evaluated_round", 0)), int(meta.get("streak", 0)), meta.get("status", "open"),
-                {int(a): int(b) for a, b in rep.items()},
-                float(meta.get("min", "nan")), float(meta.get("max", "nan")),
-                np.asarray(orjson.loads(meta["tau"]), dtype=float) if "tau" in meta else None,
-                int(meta.get("first_ms", -1)), int(meta.get("last_ms", -1)),
-                provisional=meta.get("provisional") == "1",
-            ))
-        return out
-
-    async def chunk_histogram(self, cid: str, t: int) -> dict[int, int]:
-        raw = await self.redis.hgetall(self.keys.chunk_hist(cid, t))
-        return {int(k): int(v) for k, v in raw.items()}
-
-    async def classifier_summary(self, cid: str) -> dict:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.meta(cid))
-        pipe.hgetall(self.keys.counters(cid))
-        pipe.zcard(self.keys.pending(cid))
-        meta, counters, pending = await pipe.execute()
-        dec = lambda d: {k.decode(): v.decode() for k, v in d.items()}  # noqa: E731
-        return {"meta": dec(meta), "counters": dec(counters), "pending": int(pending)}
-
-    async def overviews(self, sids: list[str], now_ms: int) -> list[dict]:
-        """Per state, in one pipeline: `classifier_summary`, its chunk ids (``chunk_ids``) and the
-        requests issued in the hour of `now_ms` (``issued``): what a view needs before its chunks."""
-        k, hour = self.keys, str(now_ms // 3_600_000)
-        pipe = self.redis.pipeline(transaction=False)
-        for sid in sids:
-            pipe.hgetall(k.meta(sid))
-            pipe.hgetall(k.counters(sid))
-            pipe.zcard(k.pending(sid))
-            pipe.zrange(k.chunks(sid), 0, -1)
-            pipe.hget(k.hourly(sid), hour)
-        raw = await pipe.execute()
-        dec = lambda d: {a.decode(): b.decode() for a, b in d.items()}  # noqa: E731
-        return [{"meta": dec(meta), "counters": dec(counters), "pending": int(pending),
-                 "chunk_ids": [int(x) for x in ids], "issued": int(issued or 0)}
-                for meta, counters, pending, ids, issued in (raw[i: i + 5] for i in range(0, len(raw), 5))]
-
-    async def invalid_counts(self) -> dict[tuple[str, str], int]:
-        raw = await self.redis.hgetall(self.keys.invalid)
-        out = {}
-        for k, v in raw.items():
-            topic, _, reason = k.decode().partition("|")
-            out[(topic, reason)] = int(v)
-        return out
