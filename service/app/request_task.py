@@ -56,7 +56,10 @@ class RequestTask:
             await asyncio.gather(renewing, return_exceptions=True)  # took is in `owned`, released on stop)
 
     async def _pass(self) -> None:
+        """Step every owned classifier; Redis is reported answering only if a step asked it
+        (a pass with nothing owned proves nothing: the renewal reports then)."""
         try:
+            stepped = 0
             for cid in sorted(self.leases.owned):
                 if cid not in self.leases.owned:  # handed over during the pass
                     continue
@@ -64,7 +67,9 @@ class RequestTask:
                     await self.loop.republish_outbox(cid)
                     self._republished.add(cid)
                 await self.loop.step(cid)
-            self.health.redis_ok()
+                stepped += 1
+            if stepped:
+                self.health.redis_ok()
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             self.health.redis_failed()
             log.warning("request loop: redis unavailable", extra={"error": repr(exc)})
@@ -77,6 +82,7 @@ class RequestTask:
             try:
                 await self.leases.renew()
                 self._republished &= self.leases.owned  # a lease lost and taken again: republish then
+                self.health.redis_ok()
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 self.health.redis_failed()
                 log.warning("lease renewal: redis unavailable", extra={"error": repr(exc)})

@@ -25,6 +25,7 @@ STREAM_DELTA = 0.02  # the service's DELTA
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The `simulate` subcommand: one `add_argument` per option, which is why it runs past 60 lines."""
     p = sub.add_parser(
         "simulate",
         help="label-efficiency study: labels needed per sampling method on a population",
