@@ -72,8 +72,6 @@ class Leases:
                 take.append(cid)
         held = await self.store.acquire_leases(take, me, LEASE_MS)
         self.owned = {cid for cid, ok in zip(take, held) if ok}
-        for cid in self.owned:
-            self._free_since.pop(cid, None)
         self._free_since = {c: t for c, t in self._free_since.items() if c in holders}
 
     async def release_all(self) -> None:

@@ -17,6 +17,7 @@ import signal
 import time
 
 from aiokafka import TopicPartition
+
 from ..config import Settings
 from ..ingest.ingestor import ScoreIngestor
 from ..labels.folder import LabelFolder
