@@ -379,3 +379,14 @@ def test_two_strata_whenever_the_histogram_can_separate_scores(scores, method):
 def test_assign_is_left_closed():
     cuts = np.array([0.25, 0.5])
     assert assign(np.array([0.0, 0.25, 0.4999, 0.5, 9.0]), cuts).tolist() == [0, 1, 1, 2, 2]
+
+
+def test_histogram_counts_reads_the_bins_string_and_adds_the_legacy_hash():
+    from stratameter.state.records import histogram_counts
+
+    # BITFIELD u32 counters, big-endian, as long as the highest bucket written: buckets 0 and 2
+    packed = (3).to_bytes(4, "big") + bytes(4) + (70000).to_bytes(4, "big")
+    counts = histogram_counts(packed, {b"2": b"5", b"4095": b"1"})
+    assert counts.shape == (BINS,) and counts.dtype == np.int64
+    assert (counts[0], counts[1], counts[2], counts[4095]) == (3, 0, 70005, 1) and counts.sum() == 70009
+    assert not histogram_counts(None, {}).any()

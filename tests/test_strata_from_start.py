@@ -136,6 +136,9 @@ async def _check_exact(store: Store, cid: str, scores: np.ndarray, records: int)
     assert len(members) == sum(len(r) for r in res)  # no member in two strata
     summary = await store.classifier_summary(cid)
     assert int(summary["meta"]["scores_total"]) == records
+    hist = await store.chunk_score_histogram(cid, cs.chunk)  # the `bins` counters, each score once
+    want = ScoreHistogram.from_scores(scores)
+    assert (hist.counts.tolist(), hist.min, hist.max) == (want.counts.tolist(), want.min, want.max)
     ck = store.keys.chunk(cid, cs.chunk)
     assert not await store.redis.exists(f"{ck}:pscores")  # dropped once re-stratified
     assert await store.redis.hget(f"{ck}:meta", "cuts_version") == b"1"

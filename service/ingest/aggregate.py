@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from ..stats.sketch import bin_index
+from ..stats.sketch import BINS, bin_index
 from ..stats.strata import assign
 
 #: A reservoir keeps its RESERVOIR_SIZE lowest priorities and, beyond them, every member at
@@ -99,6 +99,19 @@ def _pairs(keys: np.ndarray, counts: np.ndarray) -> list[int]:
     return out.tolist()
 
 
+#: BITFIELD's offset of each histogram bucket's 32-bit counter (``#b``: the b-th u32), made once.
+_COUNTER_OFFSET = [f"#{b}" for b in range(BINS)]
+
+
+def _histogram_increments(buckets: np.ndarray, counts: np.ndarray) -> list:
+    """Flat ``["#bucket", count, ...]``: INGEST's BITFIELD INCRBY arguments for the ``bins``
+    counters (`state.keys`)."""
+    out: list = [None] * (2 * buckets.size)
+    out[0::2] = [_COUNTER_OFFSET[b] for b in buckets.tolist()]
+    out[1::2] = counts.tolist()
+    return out
+
+
 def member(item_id: str, score: float, context: str | bytes | None) -> str:
     """The reservoir entry of one item (what a label request needs)."""
     return orjson.dumps({"i": item_id, "s": score, "x": orjson.Fragment(context) if context else None}).decode()
@@ -167,7 +180,7 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
             res.append([int(k), _candidates(recs, in_k, priority)])
         lo, hi = float(s.min()), float(s.max())
         entry = {
-            "t": str(int(t)), "hist": _pairs(buckets, bcounts), "N": _pairs(strata, scounts), "res": res,
+            "t": str(int(t)), "hist": _histogram_increments(buckets, bcounts), "N": _pairs(strata, scounts), "res": res,
             "lo": lo, "hi": hi, "lo_s": repr(lo), "hi_s": repr(hi), "v": int(strata_t.version),
         }
         if strata_t.provisional:

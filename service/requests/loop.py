@@ -286,10 +286,10 @@ class RequestLoop:
         cached = self._priors.setdefault(cid, {}).get(cs.chunk)
         if cached is not None and total <= 1.1 * cached[0] and cached[1].size == cs.strata:
             return cached[1]
-        hist_sparse = await self.store.chunk_histogram(cid, cs.chunk)
+        counts = await self.store.chunk_histogram(cid, cs.chunk)
         q = np.full(cs.strata, 0.5)
-        if hist_sparse and np.isfinite(cs.min) and np.isfinite(cs.max):
-            hist = ScoreHistogram.from_sparse(hist_sparse, cs.min, cs.max)
+        if counts.any() and np.isfinite(cs.min) and np.isfinite(cs.max):
+            hist = ScoreHistogram(counts=counts, min=cs.min, max=cs.max)
             q = stratum_mean_probability(hist, cs.cuts, cfg.score_kind)
         self._priors[cid][cs.chunk] = (total, q)
         return q

@@ -16,7 +16,11 @@ Per classifier ``<prefix>:{cid}:...``
                              min, max (score range, repr), first_ms, last_ms (wall-clock time
                              of the first and last arrival) (INGEST); tau (JSON, per stratum
                              the inclusion threshold of the last requests, ISSUE)
-  c:<t>:hist          hash   score bucket -> predicted positives (the sketch)
+  c:<t>:bins          string the score histogram of the predicted positives (the sketch):
+                             `stats.sketch.BINS` unsigned 32-bit big-endian counters, bucket b at
+                             byte 4b (INGEST's BITFIELD INCRBY, saturating)
+  c:<t>:hist          hash   score bucket -> predicted positives: the histogram as versions before
+                             `bins` kept it; read (added to `bins`) and deleted, never written
   c:<t>:N             hash   stratum -> predicted positives
   c:<t>:n / c:<t>:h   hash   stratum -> labels folded / positives among them (LABEL)
   c:<t>:res:<k>       zset   priority -> member {"i": item, "s": score, "x": context} (bottom-k
@@ -135,7 +139,8 @@ class Keys:
         return f"{self.classifier(cid)}:c:{t}"
 
     chunk_meta = _chunk_key("meta")
-    chunk_hist = _chunk_key("hist")
+    chunk_bins = _chunk_key("bins")
+    chunk_hist = _chunk_key("hist", "``c:<t>:hist``: the histogram before `bins` (read and deleted, never written).")
     chunk_items = _chunk_key("N", "``c:<t>:N``: predicted positives per stratum.")
     chunk_labels = _chunk_key("n", "``c:<t>:n``: labels folded per stratum.")
     chunk_positives = _chunk_key("h", "``c:<t>:h``: positive labels per stratum.")
@@ -162,10 +167,10 @@ class Keys:
     # ---- the KEYS of the scripts whose keys depend on their arguments (lua/<name>.lua) --
     def ingest_keys(self, cid: str, chunks: Iterable[tuple[str, Iterable[int]]]) -> list[str]:
         """INGEST: the classifier's keys, then per (chunk, strata the payload adds reservoir
-        members to), in the payload's order: meta, hist, N, pscores and those reservoirs."""
+        members to), in the payload's order: meta, bins, N, pscores and those reservoirs."""
         keys = [self.scores_offsets(cid), self.meta(cid), self.chunks(cid)]
         for t, strata in chunks:
-            keys += [self.chunk_meta(cid, t), self.chunk_hist(cid, t), self.chunk_items(cid, t),
+            keys += [self.chunk_meta(cid, t), self.chunk_bins(cid, t), self.chunk_items(cid, t),
                      self.chunk_pscores(cid, t)]
             keys += [self.reservoir(cid, t, k) for k in strata]
         return keys
@@ -191,7 +196,7 @@ class Keys:
         if not owner_of(cid)[1]:
             keys.append(self.lease(cid))
         for t in chunks:
-            keys += [self.chunk_meta(cid, t), self.chunk_hist(cid, t), self.chunk_items(cid, t),
+            keys += [self.chunk_meta(cid, t), self.chunk_bins(cid, t), self.chunk_hist(cid, t), self.chunk_items(cid, t),
                      self.chunk_labels(cid, t), self.chunk_positives(cid, t), self.chunk_pscores(cid, t),
                      self.chunk_sampled(cid, t), self.chunk_replace(cid, t)]
             keys += [self.reservoir(cid, t, k) for k in range(max_strata)]

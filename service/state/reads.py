@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from .records import ChunkState, _vec
+from .records import ChunkState, _vec, histogram_counts
 
 
 class Reads:
@@ -51,9 +51,12 @@ class Reads:
             ))
         return out
 
-    async def chunk_histogram(self, cid: str, t: int) -> dict[int, int]:
-        raw = await self.redis.hgetall(self.keys.chunk_hist(cid, t))
-        return {int(k): int(v) for k, v in raw.items()}
+    async def chunk_histogram(self, cid: str, t: int) -> np.ndarray:
+        """Chunk `t`'s score histogram counts (`records.histogram_counts`)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(self.keys.chunk_bins(cid, t))
+        pipe.hgetall(self.keys.chunk_hist(cid, t))
+        return histogram_counts(*await pipe.execute())
 
     async def classifier_summary(self, cid: str) -> dict:
         pipe = self.redis.pipeline(transaction=False)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..stats.sketch import BINS
+
 
 @dataclass
 class ChunkState:
@@ -69,3 +71,17 @@ class ChunkCuts:
     cuts: np.ndarray
     version: int = 0
     provisional: bool = False
+
+
+def histogram_counts(packed: bytes | None, legacy: dict) -> np.ndarray:
+    """A chunk's score histogram as `BINS` counts: the ``bins`` string (big-endian unsigned 32-bit
+    counters, as long as its highest bucket written) plus the ``hist`` hash versions before it
+    wrote (bucket -> count); zeros while it has neither (`keys`)."""
+    counts = np.zeros(BINS, dtype=np.int64)
+    if packed:
+        dense = np.frombuffer(packed[: 4 * BINS], dtype=">u4")
+        counts[: dense.size] = dense
+    for b, c in legacy.items():
+        if 0 <= int(b) < BINS:
+            counts[int(b)] += int(c)
+    return counts

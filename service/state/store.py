@@ -88,13 +88,11 @@ class Store(Reads, ScriptCalls):
 
     async def chunk_score_histogram(self, cid: str, t: int) -> ScoreHistogram | None:
         """The score histogram of chunk `t` (None while it has none)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.chunk_hist(cid, t))
-        pipe.hmget(self.keys.chunk_meta(cid, t), "min", "max")
-        raw, (lo, hi) = await pipe.execute()
-        if not raw or lo is None or hi is None:
+        counts = await self.chunk_histogram(cid, t)
+        lo, hi = await self.redis.hmget(self.keys.chunk_meta(cid, t), "min", "max")
+        if not counts.any() or lo is None or hi is None:
             return None
-        return ScoreHistogram.from_sparse({int(k): int(v) for k, v in raw.items()}, float(lo), float(hi))
+        return ScoreHistogram(counts=counts, min=float(lo), max=float(hi))
 
     async def recent_histogram(self, cid: str, before: int) -> ScoreHistogram | None:
         """The histogram of the latest chunk before `before` (the drift-following sketch)."""
@@ -340,7 +338,7 @@ class Store(Reads, ScriptCalls):
         k = self.keys
         pipe = self.redis.pipeline(transaction=False)
         for t in old:
-            pipe.delete(k.chunk_sampled(cid, t), k.chunk_hist(cid, t), k.chunk_replace(cid, t),
+            pipe.delete(k.chunk_sampled(cid, t), k.chunk_bins(cid, t), k.chunk_hist(cid, t), k.chunk_replace(cid, t),
                         k.chunk_pscores(cid, t), *(k.reservoir(cid, t, s) for s in range(MAX_STRATA)))
             if t in drop:
                 pipe.delete(k.chunk_meta(cid, t), k.chunk_items(cid, t), k.chunk_labels(cid, t),

@@ -83,8 +83,8 @@ def require_finite(scores: np.ndarray, what: str = "scores") -> np.ndarray:
 class ScoreHistogram:
     """Counts of scores per bucket of the fixed squashed grid, plus exact min/max.
 
-    Stored sparsely in Redis as a hash ``bucket -> count`` with ``min``/``max``
-    fields; in memory as a dense ``int64`` vector of length ``BINS``.
+    Stored in Redis as ``BINS`` 32-bit counters (a string, `state.keys`) with the chunk's
+    ``min``/``max``; in memory as a dense ``int64`` vector of length ``BINS``.
     """
 
     counts: np.ndarray = field(default_factory=lambda: np.zeros(BINS, dtype=np.int64))

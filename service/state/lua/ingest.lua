@@ -1,7 +1,8 @@
 -- INGEST: apply one classifier's aggregated score batch from one scores partition.
 -- KEYS: offsets:scores, meta, chunks, then for every chunk of the payload, in its order:
---   c:<t>:meta, c:<t>:hist, c:<t>:N, c:<t>:pscores, and c:<t>:res:<k> for each entry of its `res`.
--- ARGV: partition, expected stored offset, new offset, payload JSON (ingest.aggregate.build_payload).
+--   c:<t>:meta, c:<t>:bins, c:<t>:N, c:<t>:pscores, and c:<t>:res:<k> for each entry of its `res`.
+-- ARGV: partition, expected stored offset, new offset, payload JSON (ingest.aggregate.build_payload;
+-- a chunk's `hist` is flat ["#bucket", count, ...]: BITFIELD INCRBY u32 on c:<t>:bins).
 -- Offset guard (compare-and-set): nothing is applied unless the partition's stored offset is the
 -- expected one; then the state changes and the offset advances in this one call.
 -- A reservoir keeps its `res_size` lowest priorities and, beyond them, every member at or
@@ -51,7 +52,7 @@ local le = tonumber(redis.call('HGET', meta, 'last_event_ms') or '-1')
 if p.last_event > le then redis.call('HSET', meta, 'last_event_ms', p.last_event) end
 for i, c in ipairs(p.chunks) do
   local b = base[i]
-  local cmeta, hist, nkey, pkey = KEYS[b], KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
+  local cmeta, bins, nkey, pkey = KEYS[b], KEYS[b + 1], KEYS[b + 2], KEYS[b + 3]
   redis.call('ZADD', chunks, c.t, c.t)
   if #c.N > 0 then  -- wall-clock arrival span of the chunk (the stream forecast, stats.streams)
     redis.call('HSETNX', cmeta, 'first_ms', p.now)
@@ -59,7 +60,15 @@ for i, c in ipairs(p.chunks) do
       redis.call('HSET', cmeta, 'last_ms', p.now)
     end
   end
-  for j = 1, #c.hist, 2 do redis.call('HINCRBY', hist, c.hist[j], c.hist[j + 1]) end
+  -- the histogram: one BITFIELD per 1000 buckets (measured: a HINCRBY per bucket cost a third of
+  -- this script's time with predicted negatives; LUAI_MAXCSTACK bounds what `unpack` may spread)
+  for a = 1, #c.hist, 2000 do
+    local ops = {'OVERFLOW', 'SAT'}
+    for j = a, math.min(a + 1998, #c.hist - 1), 2 do
+      ops[#ops + 1] = 'INCRBY'; ops[#ops + 1] = 'u32'; ops[#ops + 1] = c.hist[j]; ops[#ops + 1] = c.hist[j + 1]
+    end
+    redis.call('BITFIELD', bins, unpack(ops))
+  end
   for j = 1, #c.N, 2 do redis.call('HINCRBY', nkey, c.N[j], c.N[j + 1]) end
   if prov[i] and c.ps then  -- exact scores of a provisional chunk, for RESTRATIFY
     for j = 1, #c.ps, 2 do redis.call('HINCRBY', pkey, c.ps[j], c.ps[j + 1]) end
