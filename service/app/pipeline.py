@@ -36,7 +36,7 @@ class Pipeline:
         inflight: asyncio.Task | None = None  # the previous poll being applied
         while not self.stopping.is_set():
             try:
-                batches = await self.kafka.consumer.getmany(timeout_ms=200, max_records=self.settings.batch_max_records)
+                batches = await self.kafka.poll(self.settings.batch_max_records, timeout_ms=200)
             except Exception as exc:  # noqa: BLE001 - the client retries; we back off and report not ready
                 log.warning("kafka poll failed", extra={"error": repr(exc)})
                 await asyncio.sleep(backoff)
