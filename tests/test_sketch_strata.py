@@ -384,9 +384,12 @@ def test_assign_is_left_closed():
 def test_histogram_counts_reads_the_bins_string_and_adds_the_legacy_hash():
     from stratameter.state.records import histogram_counts
 
-    # BITFIELD u32 counters, big-endian, as long as the highest bucket written: buckets 0 and 2
+    # BITFIELD u32 counters, big-endian, as long as the highest written, the grid rotated by half:
+    # the first counter is bucket 2048 (score 0), the third bucket 2050
     packed = (3).to_bytes(4, "big") + bytes(4) + (70000).to_bytes(4, "big")
-    counts = histogram_counts(packed, {b"2": b"5", b"4095": b"1"})
+    counts = histogram_counts(packed, {b"2050": b"5", b"4095": b"1"})
     assert counts.shape == (BINS,) and counts.dtype == np.int64
-    assert (counts[0], counts[1], counts[2], counts[4095]) == (3, 0, 70005, 1) and counts.sum() == 70009
+    assert (counts[2048], counts[2049], counts[2050], counts[4095]) == (3, 0, 70005, 1) and counts.sum() == 70009
+    # bucket 0 (the most negative scores) is the 2048th counter
+    assert histogram_counts(bytes(4 * 2048) + (7).to_bytes(4, "big"), {})[0] == 7
     assert not histogram_counts(None, {}).any()

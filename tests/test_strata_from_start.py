@@ -326,3 +326,17 @@ async def test_service_slow_stream_new_classifier_gets_k_strata_and_only_final_s
         assert any(seen_provisional) and not seen_provisional[-1]
         for req in reviewer.requests:  # no request while provisional: each names its item's final stratum
             assert req["stratum"] == int(assign(np.array([req["score"]]), cuts)[0]), (req, cuts)
+
+
+async def test_the_stored_histogram_of_real_valued_scores_round_trips(settings, store):
+    """Margins and logits on both sides of 0, extremes included: the `bins` counters (the grid
+    rotated by half, `state.records.BINS_ROTATION`) read back as the scores' histogram."""
+    scores = np.array([-1e300, -40.0, -3.25, -0.1, -1e-12, 0.0, 0.0, 1e-12, 0.5, 0.999, 7.5, 1e300])
+    n = scores.size
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
+    assert await ingest.apply(0, np.arange(n), ["margins"] * n, [f"i{i}" for i in range(n)], scores,
+                              np.ones(n, dtype=bool), np.full(n, _t0()), [None] * n) == n
+    (t,) = await store.chunk_ids("margins")
+    hist, want = await store.chunk_score_histogram("margins", t), ScoreHistogram.from_scores(scores)
+    assert (hist.counts.tolist(), hist.min, hist.max) == (want.counts.tolist(), want.min, want.max)
+    assert hist.counts[0] == 1 and hist.counts[-1] == 1  # the two extreme buckets

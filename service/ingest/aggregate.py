@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from ..state.records import BINS_ROTATION
 from ..stats.sketch import BINS, bin_index
 from ..stats.strata import assign
 
@@ -99,8 +100,10 @@ def _pairs(keys: np.ndarray, counts: np.ndarray) -> list[int]:
     return out.tolist()
 
 
-#: BITFIELD's offset of each histogram bucket's 32-bit counter (``#b``: the b-th u32), made once.
-_COUNTER_OFFSET = [f"#{b}" for b in range(BINS)]
+#: BITFIELD's offset of each histogram bucket's 32-bit counter (``#p``: the p-th u32), made once:
+#: the grid rotated by half (`state.records.BINS_ROTATION`), so that the string of probabilities
+#: (buckets from 2048 up) starts at its first byte.
+_COUNTER_OFFSET = [f"#{(b + BINS_ROTATION) % BINS}" for b in range(BINS)]
 
 
 def _histogram_increments(buckets: np.ndarray, counts: np.ndarray) -> list:

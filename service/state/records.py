@@ -73,14 +73,22 @@ class ChunkCuts:
     provisional: bool = False
 
 
+#: Bucket b's counter in the ``bins`` string is the ((b + BINS_ROTATION) mod BINS)-th: score 0
+#: (bucket 2048) comes first.  A string is as long as its highest counter written, so a
+#: classifier of probabilities keeps at most 4 KB (scores up to 1 end at bucket 3072), not 16 KB.
+BINS_ROTATION = BINS // 2
+
+
 def histogram_counts(packed: bytes | None, legacy: dict) -> np.ndarray:
     """A chunk's score histogram as `BINS` counts: the ``bins`` string (big-endian unsigned 32-bit
-    counters, as long as its highest bucket written) plus the ``hist`` hash versions before it
-    wrote (bucket -> count); zeros while it has neither (`keys`)."""
+    counters, bucket b at position (b + `BINS_ROTATION`) mod BINS, as long as its highest counter
+    written) plus the ``hist`` hash versions before it wrote (bucket -> count); zeros while it has
+    neither (`keys`)."""
     counts = np.zeros(BINS, dtype=np.int64)
     if packed:
         dense = np.frombuffer(packed[: 4 * BINS], dtype=">u4")
         counts[: dense.size] = dense
+        counts = np.roll(counts, -BINS_ROTATION)
     for b, c in legacy.items():
         if 0 <= int(b) < BINS:
             counts[int(b)] += int(c)
