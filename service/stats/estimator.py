@@ -84,7 +84,17 @@ def stratum_variances(N, n, p, fpc: bool = True) -> np.ndarray:
     n = np.asarray(n, dtype=float)
     p = np.asarray(p, dtype=float)
     safe_n = np.maximum(n, 2.0)
-    s2 = safe_n / (safe_n - 1.0) * p * (1.0 - p)
+    return variance_of_mean(N, n, safe_n / (safe_n - 1.0) * p * (1.0 - p), fpc)
+
+
+def variance_of_mean(N, n, s2, fpc: bool = True) -> np.ndarray:
+    """Per stratum, ``(1 - n_k/N_k) s2_k / n_k``: the variance of a stratum mean of ``n_k``
+    draws whose sample variance is ``s2_k`` (`stratum_variances` for a proportion; the
+    difference estimator's residuals, `difference`), with the same finite population
+    correction and the same infinities where a stratum has fewer than 2 labels."""
+    N = np.asarray(N, dtype=float)
+    n = np.asarray(n, dtype=float)
+    safe_n = np.maximum(n, 2.0)
     f = np.where(N > 0, np.minimum(n, N - 1.0) / np.maximum(N, 1.0), 1.0) if fpc else 0.0
     var = np.clip(1.0 - f, 0.0, 1.0) * s2 / safe_n
     too_few = (n < 2) & (N > 0) & ~((N <= n) & fpc)  # a fully labelled stratum is exact
@@ -212,9 +222,16 @@ def adaptive_shift(N, n, h, g2, var, fpc: bool = False) -> np.ndarray:
     the stopping rule tests: ``W_k^2`` for a stratified mean, the squared
     gradient ``(dM/dp_k)^2`` for a linearised metric (`confusion`).
     """
-    pbar = half_label_smoothed(n, h)
     p_k = h / np.maximum(n, 1.0)
-    var_k = p_k * (1.0 - p_k) / np.maximum(n, 1.0)
+    return shift_of_means(N, n, half_label_smoothed(n, h), p_k * (1.0 - p_k), g2, var, fpc)
+
+
+def shift_of_means(N, n, pbar, spread, g2, var, fpc: bool = False) -> np.ndarray:
+    """`adaptive_shift` from a stratum's smoothed mean ``pbar`` and the plain (divide by
+    ``n``) variance ``spread`` of its draws: ``p (1 - p)`` for labels, the residual
+    spread for the difference estimator (`difference`)."""
+    n = np.asarray(n, dtype=float)
+    var_k = spread / np.maximum(n, 1.0)
     if fpc:
         var_k = var_k * np.clip(1.0 - n / np.maximum(N, 1.0), 0.0, 1.0)
     g = (1.0 - 2.0 * pbar) / (2.0 * pbar * (1.0 - pbar))
