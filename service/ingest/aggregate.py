@@ -21,7 +21,6 @@ import orjson
 
 from ..state.records import BINS_ROTATION
 from ..stats.sketch import BINS, bin_index
-from ..stats.strata import assign
 
 #: A reservoir keeps its RESERVOIR_SIZE lowest priorities and, beyond them, every member at
 #: or below its stratum's inclusion threshold (the threshold sample, `stats.streams`), up to
@@ -143,6 +142,46 @@ def score_counts(scores: np.ndarray) -> list:
     return out
 
 
+def _positives_by_chunk(chunks: np.ndarray, positive: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(chunk id, positions of its predicted positives) per chunk, in chunk order; a batch
+    usually falls in one chunk, found with two reductions instead of a sort."""
+    pos = np.flatnonzero(positive)
+    if not pos.size:
+        return []
+    of = chunks[pos]
+    first, last = int(of.min()), int(of.max())
+    if first == last:
+        return [(first, pos)]
+    return [(int(t), pos[of == t]) for t in np.unique(of)]
+
+
+def _reservoir_candidates(recs: ClassifierRecords, sel: np.ndarray, stratum: np.ndarray, priority: np.ndarray,
+                          cut: np.ndarray | None, reservoir_size: int) -> list:
+    """``[[k, [priority, member, ...]], ...]``: per stratum, in record order, the records at
+    `sel` that can still enter its reservoir.  Where the cutoff of a full reservoir is known
+    (`cut`, inf where not), every record under it, at most SAMPLE_CAP x `reservoir_size`
+    (those above the reservoir's largest priority are under the stratum's threshold, INGEST);
+    elsewhere the batch's bottom `reservoir_size`."""
+    known = np.zeros(0, dtype=bool)
+    if cut is not None:
+        # a stratum the cutoffs do not cover yet (more strata than when they were noted) is unfiltered
+        bound = np.append(cut, np.inf)[np.minimum(stratum, cut.size)]
+        keep = priority[sel] <= bound
+        sel, stratum = sel[keep], stratum[keep]
+        known = np.isfinite(cut)
+    order = np.argsort(stratum, kind="stable")
+    counts = np.bincount(stratum)
+    ends = np.cumsum(counts)
+    out = []
+    for k in np.flatnonzero(counts).tolist():
+        in_k = sel[order[ends[k] - counts[k]:ends[k]]]
+        limit = SAMPLE_CAP * reservoir_size if k < known.size and known[k] else reservoir_size
+        if in_k.size > limit:
+            in_k = in_k[np.argpartition(priority[in_k], limit - 1)[:limit]]
+        out.append([k, _candidates(recs, in_k, priority)])
+    return out
+
+
 def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservoir_size: int,
                   now_ms: int, rng: np.random.Generator, cutoffs_for=None, cap: int = 0) -> dict:
     """The INGEST payload of one classifier's records (see state.scripts.INGEST).
@@ -159,31 +198,21 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
     chunks = chunk_of(recs.event_ms, chunk_seconds)
     priority = rng.random(recs.size)
     out_chunks = []
-    for t in np.unique(chunks[recs.positive]):
-        sel = np.flatnonzero((chunks == t) & recs.positive)
+    for t, sel in _positives_by_chunk(chunks, recs.positive):
         s = recs.score[sel]
-        buckets, bcounts = np.unique(bin_index(s), return_counts=True)
-        strata_t = cuts_for(int(t))
-        stratum = assign(s, strata_t.cuts)
-        strata, scounts = np.unique(stratum, return_counts=True)
-        cut = cutoffs_for(int(t)) if cutoffs_for is not None else None
-        res = []
-        for k in strata:
-            in_k = sel[stratum == k]
-            if cut is not None and k < cut.size:
-                in_k = in_k[priority[in_k] <= cut[k]]
-                if not in_k.size:
-                    continue
-            # at most the bottom-k; with a known cutoff (a full reservoir), every candidate under it:
-            # those above the reservoir's largest priority are under the stratum's threshold (INGEST)
-            known = cut is not None and k < cut.size and np.isfinite(cut[k])
-            limit = SAMPLE_CAP * reservoir_size if known else reservoir_size
-            if in_k.size > limit:
-                in_k = in_k[np.argpartition(priority[in_k], limit - 1)[:limit]]
-            res.append([int(k), _candidates(recs, in_k, priority)])
+        per_bucket = np.bincount(bin_index(s), minlength=BINS)
+        buckets = np.flatnonzero(per_bucket)
+        strata_t = cuts_for(t)
+        # `strata.assign` without its finiteness check: the parser admits finite scores only
+        stratum = np.searchsorted(strata_t.cuts, s, side="right")
+        per_stratum = np.bincount(stratum)
+        strata = np.flatnonzero(per_stratum)
+        cut = cutoffs_for(t) if cutoffs_for is not None else None
         lo, hi = float(s.min()), float(s.max())
         entry = {
-            "t": str(int(t)), "hist": _histogram_increments(buckets, bcounts), "N": _pairs(strata, scounts), "res": res,
+            "t": str(t), "hist": _histogram_increments(buckets, per_bucket[buckets]),
+            "N": _pairs(strata, per_stratum[strata]),
+            "res": _reservoir_candidates(recs, sel, stratum, priority, cut, reservoir_size),
             "lo": lo, "hi": hi, "lo_s": repr(lo), "hi_s": repr(hi), "v": int(strata_t.version),
         }
         if strata_t.provisional:

@@ -58,6 +58,7 @@ Service-wide ``<prefix>:{_global}:...``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 GLOBAL_TAG = "_global"
@@ -106,6 +107,14 @@ def _global_key(suffix: str):
     return property(lambda self: f"{self.global_stem}:{suffix}", doc=f"``<prefix>:{{{GLOBAL_TAG}}}:{suffix}``")
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _stem(prefix: str, cid: str) -> str:
+    """`Keys.classifier`, remembered: an INGEST call names ~10 keys of one classifier (bounded:
+    a cache of the most recent 16,384 states, whatever ids the topics carry)."""
+    owner, negative = owner_of(cid)
+    return f"{prefix}:{{{owner}}}:neg" if negative else f"{prefix}:{{{owner}}}"
+
+
 class Keys:
     """Key names for one key prefix (``STRATAMETER_REDIS_KEY_PREFIX``)."""
 
@@ -116,8 +125,7 @@ class Keys:
     def classifier(self, cid: str) -> str:
         """The per-classifier stem ``<prefix>:{cid}`` every key of the classifier starts with
         (``<prefix>:{cid}:neg`` for the state of its predicted negatives, in the same slot)."""
-        owner, negative = owner_of(cid)
-        return f"{self.prefix}:{{{owner}}}:neg" if negative else f"{self.prefix}:{{{owner}}}"
+        return _stem(self.prefix, cid)
 
     meta = _classifier_key("meta")
     scores_offsets = _classifier_key("offsets:scores")
