@@ -158,3 +158,43 @@ def test_simulated_bias_and_coverage_on_steep_and_narrower_than_the_plain_estima
     assert abs(est.mean() - truth) < 3 * est.std() / np.sqrt(est.size)  # no bias beyond noise
     assert np.mean(covered) >= 0.93, np.mean(covered)
     assert np.mean(half) < 0.95 * np.mean(half_plain), (np.mean(half), np.mean(half_plain))
+
+
+@pytest.mark.parametrize("name, most_ratio, least_saving", [
+    ("steep", 0.95, 0.08),           # measured: half-width ratio 0.941, switch active in 97 % of runs
+    ("svm-margin", 1.0, 0.0),        # 0.991, active 26 %
+    ("near-perfect", 1.0, 0.0),      # 0.986, active 36 %
+    ("overconfident", 1.0, 0.0),     # 1.000, never active
+    ("uninformative", 1.0, 0.0),     # 1.000, never active
+])
+def test_the_switch_never_costs_labels(name, most_ratio, least_saving):
+    """The data-driven switch (`calibrated_interval` with its defaults: >= 100 labels, the
+    cross-fitted variance at most 0.95 of the plain one), 2000 runs of 400 labels in proportion
+    to the strata (K = 4, `perc`) per population: the reported interval is never wider than the
+    plain one on average, as narrow as measured where the score helps, and covers as the plain
+    one does (within 0.01; the plain estimator's own coverage at this fixed allocation is what it
+    is, e.g. 0.897 on near-perfect, where the service's adaptive design and stopping rule differ)."""
+    from stratameter.stats.calibration import resolve_kind
+
+    pop = builtin(name, size=50_000, seed=11)
+    hist = ScoreHistogram.from_scores(pop.scores)
+    cuts = boundaries(hist, 4, "perc")
+    stratum = assign(pop.scores, cuts)
+    kind = resolve_kind("auto", hist.min, hist.max)
+    grid, x = StratumGrid.from_histogram(hist, cuts, kind), feature(pop.scores, kind)
+    N = np.bincount(stratum, minlength=4).astype(float)
+    n = np.maximum(np.round(400 * N / N.sum()).astype(int), 2)
+    by_stratum = [np.flatnonzero(stratum == k) for k in range(4)]
+    rng = np.random.default_rng(7)
+    covered, covered_plain, half, half_plain = [], [], [], []
+    for _ in range(2000):
+        idx = np.concatenate([rng.choice(members, size, replace=False) for members, size in zip(by_stratum, n)])
+        out = calibrated_interval(N, Labelled(stratum[idx], x[idx], pop.labels[idx].astype(int),
+                                              rng.integers(0, 2, idx.size)), grid)
+        covered.append(float(out.interval.lower) <= pop.truth <= float(out.interval.upper))
+        covered_plain.append(float(out.plain.lower) <= pop.truth <= float(out.plain.upper))
+        half.append(float(out.interval.halfwidth))
+        half_plain.append(float(out.plain.halfwidth))
+    ratio = np.mean(half) / np.mean(half_plain)
+    assert ratio <= most_ratio and 1.0 - ratio**2 >= least_saving, ratio  # labels for the same width ~ ratio^2
+    assert np.mean(covered) >= np.mean(covered_plain) - 0.01, (np.mean(covered), np.mean(covered_plain))
