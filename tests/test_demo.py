@@ -209,3 +209,21 @@ def test_live_view_fits_an_80_column_terminal_without_losing_a_number():
     for piece in ("toxicity-shifting", "0.843", "[0.798, 0.889]", "0.842", "in", "18700", "22500", "17%",
                   "converged", "truth", "random", "saved", "status"):
         assert piece in text, (piece, text)
+
+
+def test_random_equivalent_labels_use_the_interval_s_own_finite_population_correction():
+    """A random sample of n' labels has the variance the service reports: with the finite
+    population correction for a closed chunk, p(1-p)/n' (N-n')/(N-1) = V, and without it while
+    the chunk is open, p(1-p)/n' = V, as the service's interval (`api.views.chunk_view`)."""
+    from stratameter.demo.view import random_equivalent_labels
+
+    p, N = 0.6, 2000
+    for n_random in (50.0, 600.0):
+        v_closed = p * (1 - p) / n_random * (N - n_random) / (N - 1)
+        assert random_equivalent_labels(p, v_closed ** 0.5, N, closed=True) == pytest.approx(n_random)
+        assert random_equivalent_labels(p, (p * (1 - p) / n_random) ** 0.5, N, closed=False) == pytest.approx(n_random)
+    # the case it fixes: 618 labels' open-chunk variance read as a closed chunk's looked like 472
+    v_open = p * (1 - p) / 618
+    assert random_equivalent_labels(p, v_open ** 0.5, N, closed=True) == pytest.approx(472.3, abs=0.5)
+    assert random_equivalent_labels(p, v_open ** 0.5, N, closed=False) == pytest.approx(618)
+    assert random_equivalent_labels(1.0, 0.01, N) == 0.0 and random_equivalent_labels(None, 0.01, N) is None
