@@ -27,7 +27,7 @@ correction, the Wilson interval with the design-effect ``n_eff`` at its centre,
 half a label of each class at the stratum's mean prediction (``z`` = 1 and 0).
 
 Pure numpy; no I/O.  The population means ``G_k`` come from the score histogram the service
-keeps (`population_means`, bucket midpoints: `tests/test_difference.py` measures the bias).
+keeps (`StratumGrid`, buckets split at the cuts: `tests/test_difference.py` measures the bias).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import numpy as np
 from scipy.special import expit, logit
 
 from .calibration import resolve_kind
-from .estimator import (STOPPING_VARIANCE_MARGIN, Interval, _as_counts, shift_of_means, variance_of_mean,
-                        weights, wilson_score, z_value)
+from .estimator import (Interval, _as_counts, shift_of_means, variance_of_mean, weights, wilson_design_effect,
+                        z_value)
 from .sketch import ScoreHistogram, bin_edges_score
 
 #: Labels a classifier's chunk needs before the calibration is used (below: the plain estimator).
@@ -82,11 +82,11 @@ def fit_platt(x, y, ridge: float = PLATT_RIDGE, iterations: int = 50) -> Platt:
     Newton's method (the penalised log-likelihood is strictly concave).  No labels: identity."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
-    theta = np.array([0.0, 1.0])
     if x.size == 0:
         return Platt()
-    X = np.column_stack([np.ones_like(x), x])
     prior = np.array([0.0, 1.0])
+    theta = prior.copy()
+    X = np.column_stack([np.ones_like(x), x])
     for _ in range(iterations):
         p = expit(X @ theta)
         grad = X.T @ (y - p) - ridge * (theta - prior)
@@ -198,17 +198,8 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     missing = ((n == 0) & (W > 0)).any()
     pbar = np.clip(guarded_mean, 1e-9, 1.0 - 1e-9)
     shifted = np.clip(mean + shift_of_means(N, n, pbar, spread, W**2, var, fpc), 0.0, 1.0)
-    est = np.nan if missing else float(np.sum(W * shifted))
-    se = np.sqrt(var)
-    var = var * STOPPING_VARIANCE_MARGIN
-    p = float(np.clip(est, 0.0, 1.0)) if np.isfinite(est) else np.nan
-    with np.errstate(divide="ignore", invalid="ignore"):
-        n_eff = np.where(var > 0, max(p * (1 - p), 1e-300) / var, np.inf) if np.isfinite(p) else np.nan
-    n_eff = np.minimum(n_eff, np.inf if np.isfinite(var) else 0.0)
-    n_eff = n.sum() if p <= 0 or p >= 1 else n_eff
-    ok = np.isfinite(var) & np.isfinite(est)
-    out = wilson_score(np.asarray(p), np.asarray(n_eff, dtype=float), z_value(confidence), ok, np.asarray(est), se)
-    return Interval(*(np.asarray(a, dtype=float) for a in (out.estimate, out.lower, out.upper, out.stderr)))
+    est = np.nan if missing else np.sum(W * shifted)
+    return wilson_design_effect(np.asarray(est, dtype=float), var, n.sum(), z_value(confidence))
 
 
 @dataclass(frozen=True)

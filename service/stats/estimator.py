@@ -287,17 +287,23 @@ def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Inte
     has fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
-    z = z_value(confidence)
     p_var = half_label_smoothed(n, h)
     var = stratified_variance(N, n, h, fpc=fpc, p_var=p_var)
     est = adaptive_bias_corrected(N, n, h, var, fpc)
+    return wilson_design_effect(est, var, n.sum(axis=-1), z_value(confidence))
+
+
+def wilson_design_effect(est, var, n_total, z: float) -> Interval:
+    """`wilson_interval` from the bias-corrected estimate `est`, its guarded variance `var` and
+    the labels `n_total` (also the difference estimator's, `difference`): the variance inflated
+    by `STOPPING_VARIANCE_MARGIN`, ``n_eff = p (1 - p) / v`` (the labels when ``p`` is 0 or 1,
+    Korn & Graubard), the score interval at its centre."""
     se = np.sqrt(var)
     var = var * STOPPING_VARIANCE_MARGIN
     p = np.clip(est, 0.0, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         n_eff = np.where(var > 0, np.maximum(p * (1 - p), 1e-300) / var, np.inf)
     n_eff = np.minimum(n_eff, np.where(np.isfinite(var), np.inf, 0.0))
-    n_total = n.sum(axis=-1)
     n_eff = np.where((p <= 0) | (p >= 1), n_total, n_eff)
     return wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se)
 
