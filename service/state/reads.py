@@ -54,9 +54,13 @@ class Reads:
     async def chunk_histogram(self, cid: str, t: int) -> np.ndarray:
         """Chunk `t`'s score histogram counts (`records.histogram_counts`)."""
         pipe = self.redis.pipeline(transaction=False)
+        self._queue_histogram(pipe, cid, t)
+        return histogram_counts(*await pipe.execute())
+
+    def _queue_histogram(self, pipe, cid: str, t: int) -> None:
+        """The two reads `records.histogram_counts` takes, in its order."""
         pipe.get(self.keys.chunk_bins(cid, t))
         pipe.hgetall(self.keys.chunk_hist(cid, t))
-        return histogram_counts(*await pipe.execute())
 
     async def classifier_summary(self, cid: str) -> dict:
         pipe = self.redis.pipeline(transaction=False)

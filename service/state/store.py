@@ -23,7 +23,7 @@ from ..stats.sketch import ScoreHistogram
 from .dispatch import ScriptCalls
 from .keys import UNKNOWN_LABELS_SCOPE, Keys, ingest_chunks, owner_of
 from .reads import Reads
-from .records import ChunkCuts, ChunkState, ReservoirWindow
+from .records import ChunkCuts, ChunkState, ReservoirWindow, histogram_counts
 
 __all__ = ["ChunkCuts", "ChunkState", "MAX_STRATA", "ReservoirWindow", "Store"]
 
@@ -88,8 +88,11 @@ class Store(Reads, ScriptCalls):
 
     async def chunk_score_histogram(self, cid: str, t: int) -> ScoreHistogram | None:
         """The score histogram of chunk `t` (None while it has none)."""
-        counts = await self.chunk_histogram(cid, t)
-        lo, hi = await self.redis.hmget(self.keys.chunk_meta(cid, t), "min", "max")
+        pipe = self.redis.pipeline(transaction=False)
+        self._queue_histogram(pipe, cid, t)
+        pipe.hmget(self.keys.chunk_meta(cid, t), "min", "max")
+        packed, legacy, (lo, hi) = await pipe.execute()
+        counts = histogram_counts(packed, legacy)
         if not counts.any() or lo is None or hi is None:
             return None
         return ScoreHistogram(counts=counts, min=float(lo), max=float(hi))
