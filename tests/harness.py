@@ -168,6 +168,12 @@ class ServiceProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(20)
 
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines of the service's log at INFO or above (for a failing test's message)."""
+        with open(self.log_path, "rb") as f:
+            kept = [line for line in f.read().decode(errors="replace").splitlines() if '"level":"debug"' not in line]
+        return "\n".join(kept[-lines:])
+
 
 @dataclass
 class Workload:
@@ -258,6 +264,16 @@ async def scores_counted(port: int, classifiers) -> int:
         status, doc = await http_json(port, f"/v1/classifiers/{cid}")
         total += doc["scores"] if status == 200 else 0
     return total
+
+
+async def progress(port: int, classifiers) -> dict[str, dict]:
+    """Per classifier what a stuck test wants to know: scores, label outcomes, pending, status."""
+    out = {}
+    for cid in classifiers:
+        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
+        out[cid] = ({k: doc[k] for k in ("scores", "labels_by_outcome", "pending", "status")} if status == 200
+                    else {"http_status": status})
+    return out
 
 
 async def labels_folded(port: int, classifiers) -> int:

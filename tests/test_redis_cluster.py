@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 from redis.crc import key_slot
 
 from stratameter.embedded import EmbeddedRedisCluster, create_topics, find_free_port
-from tests.harness import ServiceProcess, Workload, converged, labels_folded, scores_counted, wait_for
+from tests.harness import ServiceProcess, Workload, converged, labels_folded, progress, scores_counted, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +56,10 @@ async def test_masters_sigkilled_mid_stream_and_restarted(kafka_bootstrap, durab
         durable_cluster.restart_node(2)
         docs = await wait_for(lambda: converged(port, classifiers), 150, "convergence after the restarts")
         assert service.alive, "the service must ride out a master's restart"
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nreviewer answered {len(work.answered)}; service: "
+                             f"{await progress(port, classifiers) if service.alive else 'dead'}\n"
+                             f"service log:\n{service.log_tail()}") from None
     finally:
         producing.cancel()
         reviewer.cancel()

@@ -27,7 +27,7 @@ class RequestTask:
         self.settings, self.kafka, self.leases, self.health = settings, kafka, leases, health
         self.stopping, self.wake = stopping, wake
         self.loop = RequestLoop(store, settings, self.publish)
-        self._republished: set[str] = set()  # owned classifiers whose outbox was republished
+        self._republished: set[str] = set()  # owned classifiers whose outbox is known published (`_step`)
 
     async def publish(self, records: list[tuple[str, bytes]]) -> None:
         """Send (key, value) records to the label-requests topic and wait for the acks."""
@@ -63,10 +63,7 @@ class RequestTask:
             for cid in sorted(self.leases.owned):
                 if cid not in self.leases.owned:  # handed over during the pass
                     continue
-                if cid not in self._republished:  # newly owned: requests a crash left unpublished
-                    await self.loop.republish_outbox(cid)
-                    self._republished.add(cid)
-                await self.loop.step(cid)
+                await self._step(cid)
                 stepped += 1
             if stepped:
                 self.health.redis_ok()
@@ -75,6 +72,21 @@ class RequestTask:
             log.warning("request loop: redis unavailable", extra={"error": repr(exc)})
         except Exception:  # noqa: BLE001 - never let the loop die; report and go on
             log.exception("request loop step failed")
+
+    async def _step(self, cid: str) -> None:
+        """Publish what the classifier's outbox holds if this instance has not checked it since
+        it took the lease or since a step of it was cut short, then step it.  A step cut short
+        (Redis gone mid-ISSUE with the write applied, Kafka refusing the requests) can leave
+        requests recorded and unpublished: pending, never answered, they would hold back every
+        later round of their chunk until their label timeout."""
+        try:
+            if cid not in self._republished:
+                await self.loop.republish_outbox(cid)
+                self._republished.add(cid)
+            await self.loop.step(cid)
+        except BaseException:
+            self._republished.discard(cid)
+            raise
 
     async def _renew_forever(self) -> None:
         """Renew the leases every third of their TTL until stopping."""

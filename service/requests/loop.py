@@ -226,19 +226,17 @@ class RequestLoop:
                      - hour_used - issued_before)
         status = str(streams.chunk_status(streak, halfwidth, cfg.delta, cfg.stop_rounds, closed,
                                           left == 0 and pending == 0 and not due, len(due) > budget))
-        self._seen[cid][t] = seen
         chosen = due[:budget]
-        if not chosen:
-            if status != cs0.status:
-                await self.store.set_status(lead.state_id, t, status)
-            return 0
         issued = 0
         for sd, tau_side in zip(sides, taus):
             mine = [(new_request_id(sd.state_id), k, orjson.loads(raw), raw) for _, side_id, k, raw in chosen
                     if side_id == sd.state_id]
             if mine:
                 issued += await self._request(cid, sd, now, mine, tau_side)
-        await self.store.set_status(lead.state_id, t, status)
+        if chosen or status != cs0.status:
+            await self.store.set_status(lead.state_id, t, status)
+        # remembered only once every write of the step went through: a step cut short plans again
+        self._seen[cid][t] = seen
         return issued
 
     async def _due_by_side(self, sides: list[Side], tau: np.ndarray, want: np.ndarray
