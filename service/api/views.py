@@ -10,10 +10,12 @@ import numpy as np
 
 from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 
+from ..labels.calibrated import calibration_doc, chunk_calibration
 from ..state.keys import negatives_of
 from ..state.store import ChunkState, Store
 from ..stats import confusion, streams
 from ..stats.confusion import needs_negatives
+from ..stats.difference import Calibrated
 
 
 def _iso(seconds: float) -> str:
@@ -25,7 +27,8 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None = None) -> dict:
+def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None = None,
+               calibration: Calibrated | None = None) -> dict:
     """Figures of one chunk.  The estimate and interval stay null until every
     non-empty stratum has the two labels an honest variance needs.  An open
     chunk's interval has no finite population correction (its population is
@@ -34,16 +37,23 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     The top-level estimate is precision's (from the predicted positives, as far
     as they are sampled); ``metrics`` holds every enabled metric's interval, from
     both sides' strata when the classifier samples its predicted negatives
-    (`negatives`, whose strata are listed after the positives' with ids from K)."""
+    (`negatives`, whose strata are listed after the positives' with ids from K).
+
+    Precision's interval is the difference estimator's where `calibration` (`chunk_calibration`,
+    with the same finite population correction) is active, and ``calibration`` says so."""
     chunk_seconds = cfg.chunk_seconds
-    closed = bool(streams.is_closed(now_s, (cs.chunk + 1) * chunk_seconds, _lateness(cfg)))
+    closed = is_closed(cs.chunk, cfg, now_s)
     metric_names = cfg.metrics.split(",")
     sides = [(cs, 0, "positive")] + ([(negatives, cfg.strata, "negative")] if negatives is not None else [])
     if cs.N.sum() == 0 and negatives is not None:
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]
     metrics = _metrics(sides, metric_names, cfg.confidence, closed)
-    if "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
+    if calibration is not None and calibration.active:
+        top = _interval_doc(calibration.interval)
+        if "precision" in metrics:
+            metrics["precision"] = top
+    elif "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
         top = metrics["precision"]
     else:
         top = _metrics([(cs, 0, "positive")], ["precision"], cfg.confidence, closed)["precision"]
@@ -59,8 +69,14 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "rounds": max(side.round for side, _, _ in sides),
         "status": _status(cs if cs.N.sum() else negatives, metrics, cfg.delta),
         "closed": closed,
+        "calibration": calibration_doc(calibration),
         "strata": strata,
     }
+
+
+def is_closed(t: int, cfg, now_s: float) -> bool:
+    """Whether chunk `t` has closed (its end and the allowed lateness have passed)."""
+    return bool(streams.is_closed(now_s, (t + 1) * cfg.chunk_seconds, _lateness(cfg)))
 
 
 def _strata(cs: ChunkState, first: int, side: str) -> list[dict]:
@@ -84,10 +100,15 @@ def _metrics(sides: list, names: list[str], confidence: float, closed: bool) -> 
             iv = None
         else:
             iv = confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed)
-        ok = iv is not None and np.isfinite(iv.lower) and np.isfinite(iv.upper)
-        out[m] = {"estimate": _num(iv.estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
-                  "ci_upper": _num(iv.upper) if ok else None, "stderr": _num(iv.stderr) if ok else None}
+        out[m] = _interval_doc(iv)
     return out
+
+
+def _interval_doc(iv) -> dict:
+    """``{estimate, ci_lower, ci_upper, stderr}``, all null unless the interval is finite."""
+    ok = iv is not None and np.isfinite(iv.lower) and np.isfinite(iv.upper)
+    return {"estimate": _num(iv.estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
+            "ci_upper": _num(iv.upper) if ok else None, "stderr": _num(iv.stderr) if ok else None}
 
 
 def _lateness(cfg) -> float:
@@ -131,8 +152,10 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     found = [{c.chunk: c for c in await store.chunks(sid, [t for t in wanted if t in set(side_ids)])}
              for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
+    calibrations = {t: await chunk_calibration(store, cid, found[0][t], cfg, is_closed(t, cfg, now_s))
+                    for t in ids[-cfg.chunk_retention:] if t in found[0]}  # older: no histogram kept
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
-                         found[1].get(t) if len(found) > 1 else None) for t in ids]
+                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t)) for t in ids]
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in ids], now_s)
     for o in other:  # the negatives' requests and answers count as the classifier's
         summary["pending"] += o["pending"]
@@ -153,8 +176,9 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
                         "population": 0, "chunk": None, "strata": [], "rounds": 0, "status": "open", "closed": False}
     base.setdefault("metrics", {m: {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None}
                                 for m in cfg.metrics.split(",")})
+    base.setdefault("calibration", None)
     doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "metrics", "labels",
-                                     "population", "chunk", "strata", "rounds", "status", "closed")})
+                                     "population", "chunk", "strata", "rounds", "status", "closed", "calibration")})
     issued = summary["issued"] + sum(o["issued"] for o in other)
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,

@@ -35,6 +35,7 @@ from ..state.keys import owner_of
 from ..stats.allocation import SERVICE_ALLOCATIONS
 from ..stats.calibration import SCORE_KINDS
 from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, needs_negatives
+from ..stats.difference import CALIBRATION_MIN_LABELS
 from ..stats.strata import STRATIFICATIONS
 from .checks import (
     ENV_PREFIX,
@@ -123,6 +124,9 @@ class Settings(ClientOptions, BaseSettings):
     allocation: Annotated[str, one_of(SERVICE_ALLOCATIONS), OVERRIDE] = "opt_track"
     threshold: Annotated[float, check(finite), OVERRIDE] = 0.5
     score_kind: Annotated[str, one_of(SCORE_KINDS), OVERRIDE] = "auto"
+    # precision's difference estimator (the score inside the strata): considered from this many labels of
+    # a chunk, used while it beats the plain estimator (labels.calibrated); 0 turns it off
+    calibration_min_labels: Annotated[int, in_range(0), OVERRIDE] = CALIBRATION_MIN_LABELS
     chunk_seconds: Annotated[AtLeast1, CARRY] = 3600
     max_labels_per_hour: Annotated[AtLeast1, OVERRIDE] = 500
     label_timeout_seconds: Annotated[float, check(positive), OVERRIDE] = 86400.0

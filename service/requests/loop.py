@@ -31,6 +31,7 @@ import orjson
 
 from stratameter.schemas.parse import label_request_bytes
 
+from ..labels.calibrated import chunk_calibration
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
@@ -210,6 +211,10 @@ class RequestLoop:
             return 0  # nothing the design looks at has changed since the last step
         final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
         halfwidth = float(streams.chunk_interval(N, n, h, cfg.confidence, closed, target).halfwidth)
+        if target is None and lead.positive:  # precision: the difference estimator's where it is used
+            calibrated = await chunk_calibration(self.store, lead.state_id, cs0, lead.cfg, closed)
+            if calibrated is not None and calibrated.active:
+                halfwidth = float(calibrated.interval.halfwidth)
         streak, labels = cs0.streak, int(n.sum())
         if pending == 0 and labels > cs0.evaluated_round:  # a round completed with new labels: evaluate once
             streak = int(stopping.next_streak(streak, halfwidth, cfg.delta))
@@ -262,7 +267,7 @@ class RequestLoop:
         cs, cfg = sd.cs, sd.cfg
         deadline = now + int(cfg.label_timeout_seconds * 1000)
         issued = await self.store.issue(sd.state_id, cs.chunk, now, deadline, cs.round + 1, self.instance,
-                                        [[rid, k, m["i"], m["s"], raw] for rid, k, m, raw in requests], {},
+                                        [[rid, k, m["i"], repr(float(m["s"])), raw] for rid, k, m, raw in requests], {},
                                         int(cfg.request_retention_seconds * 1000), tau)
         if issued is None:
             log.warning("lost the lease while issuing", extra={"classifier": cid})

@@ -29,7 +29,10 @@ Per classifier ``<prefix>:{cid}:...``
                              scores, so RESTRATIFY recomputes N; fewer than 25 x K entries)
   c:<t>:sampled       set    item ids already requested in this chunk (ISSUE)
   c:<t>:replace       hash   stratum -> requests to replace (skipped by LABEL, expired by EXPIRE)
-  req:<rid>           hash   request: chunk, stratum, item (the reservoir member), round,
+  c:<t>:labelled      hash   request id -> "<stratum> <label> <score>" of each label folded (LABEL):
+                             the difference estimator's labelled items (`labels.calibrated`),
+                             at most the chunk's labels; dropped with the reservoirs
+  req:<rid>           hash   request: chunk, stratum, item (the reservoir member), score, round,
                              requested_ms, deadline_ms, state (new, pending, answered, skipped,
                              expired); once answered label, answered_ms, labeler.  Expires
                              (PEXPIREAT) the request retention after its deadline
@@ -155,6 +158,7 @@ class Keys:
     chunk_pscores = _chunk_key("pscores")
     chunk_sampled = _chunk_key("sampled")
     chunk_replace = _chunk_key("replace")
+    chunk_labelled = _chunk_key("labelled", "``c:<t>:labelled``: request id -> stratum, label and score of a label.")
 
     def reservoir(self, cid: str, t: int | str, k: int | str) -> str:
         return f"{self.chunk(cid, t)}:res:{k}"
@@ -193,7 +197,8 @@ class Keys:
         `chunk`) that chunk's counts."""
         keys = [self.labels_offsets(cid), self.counters(cid), self.pending(cid), self.request(cid, rid), self.meta(cid)]
         if chunk:
-            keys += [self.chunk_replace(cid, chunk), self.chunk_labels(cid, chunk), self.chunk_positives(cid, chunk)]
+            keys += [self.chunk_replace(cid, chunk), self.chunk_labels(cid, chunk), self.chunk_positives(cid, chunk),
+                     self.chunk_labelled(cid, chunk)]
         return keys
 
     def forget_keys(self, cid: str, chunks: Iterable[int], max_strata: int) -> list[str]:
@@ -206,7 +211,7 @@ class Keys:
         for t in chunks:
             keys += [self.chunk_meta(cid, t), self.chunk_bins(cid, t), self.chunk_hist(cid, t), self.chunk_items(cid, t),
                      self.chunk_labels(cid, t), self.chunk_positives(cid, t), self.chunk_pscores(cid, t),
-                     self.chunk_sampled(cid, t), self.chunk_replace(cid, t)]
+                     self.chunk_sampled(cid, t), self.chunk_replace(cid, t), self.chunk_labelled(cid, t)]
             keys += [self.reservoir(cid, t, k) for k in range(max_strata)]
         return keys
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from .records import ChunkState, _vec, histogram_counts
+from .records import ChunkState, LabelledRecords, _vec, histogram_counts, labelled_records
 
 
 class Reads:
@@ -56,6 +56,15 @@ class Reads:
         pipe = self.redis.pipeline(transaction=False)
         self._queue_histogram(pipe, cid, t)
         return histogram_counts(*await pipe.execute())
+
+    async def chunk_labelled(self, cid: str, t: int) -> tuple[np.ndarray, LabelledRecords]:
+        """Chunk `t`'s score histogram counts and labelled items (the difference estimator's
+        inputs, `labels.calibrated`), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        self._queue_histogram(pipe, cid, t)
+        pipe.hgetall(self.keys.chunk_labelled(cid, t))
+        packed, legacy, raw = await pipe.execute()
+        return histogram_counts(packed, legacy), labelled_records(raw)
 
     def _queue_histogram(self, pipe, cid: str, t: int) -> None:
         """The two reads `records.histogram_counts` takes, in its order."""

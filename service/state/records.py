@@ -93,3 +93,34 @@ def histogram_counts(packed: bytes | None, legacy: dict) -> np.ndarray:
         if 0 <= int(b) < BINS:
             counts[int(b)] += int(c)
     return counts
+
+
+@dataclass(frozen=True)
+class LabelledRecords:
+    """A chunk's labelled items as LABEL keeps them (``c:<t>:labelled``), one entry per label,
+    in request-id order; `unreadable` counts entries that did not parse."""
+
+    request_ids: list[str]
+    stratum: np.ndarray
+    label: np.ndarray
+    score: np.ndarray
+    unreadable: int = 0
+
+
+def labelled_records(raw: dict) -> LabelledRecords:
+    """Parse ``request id -> "<stratum> <label> <score>"`` (bytes from HGETALL)."""
+    rids, rows, bad = [], [], 0
+    for rid, value in sorted(raw.items()):
+        try:
+            k, y, s = value.split()
+            row = (int(k), int(y), float(s))
+        except ValueError:
+            bad += 1
+            continue
+        if row[1] not in (0, 1) or not np.isfinite(row[2]):
+            bad += 1
+            continue
+        rids.append(rid.decode() if isinstance(rid, bytes) else rid)
+        rows.append(row)
+    table = np.array(rows, dtype=float).reshape(-1, 3)
+    return LabelledRecords(rids, table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2], bad)

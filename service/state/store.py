@@ -342,7 +342,7 @@ class Store(Reads, ScriptCalls):
         pipe = self.redis.pipeline(transaction=False)
         for t in old:
             pipe.delete(k.chunk_sampled(cid, t), k.chunk_bins(cid, t), k.chunk_hist(cid, t), k.chunk_replace(cid, t),
-                        k.chunk_pscores(cid, t), *(k.reservoir(cid, t, s) for s in range(MAX_STRATA)))
+                        k.chunk_pscores(cid, t), k.chunk_labelled(cid, t), *(k.reservoir(cid, t, s) for s in range(MAX_STRATA)))
             if t in drop:
                 pipe.delete(k.chunk_meta(cid, t), k.chunk_items(cid, t), k.chunk_labels(cid, t),
                             k.chunk_positives(cid, t))

@@ -2,7 +2,7 @@
 -- KEYS: lease, pending, counters, hourly, c:<t>:meta, c:<t>:sampled, c:<t>:replace, then
 --   req:<rid> of every request, in the order of the requests JSON.
 -- ARGV: chunk, now_ms, deadline_ms, hour, round, fence, requests JSON
--- [[rid, stratum, item_id, score, member], ...], replaced JSON {stratum: used}, retention_ms
+-- [[rid, stratum, item_id, score (a string: repr of the float), member], ...], replaced JSON {stratum: used}, retention_ms
 -- (a request is kept that long after its deadline, to recognise duplicate answers), and
 -- optionally the chunk's inclusion thresholds JSON (stats.streams) the requests were drawn under.
 -- Returns {-1} if the caller does not hold the lease, else the request ids issued (an item
@@ -16,7 +16,7 @@ local issued = {}
 for i, r in ipairs(reqs) do
   if redis.call('SADD', sampled, r[3]) == 1 then
     local rk = KEYS[7 + i]
-    redis.call('HSET', rk, 'chunk', ARGV[1], 'stratum', r[2], 'item', r[5], 'deadline_ms', ARGV[3],
+    redis.call('HSET', rk, 'chunk', ARGV[1], 'stratum', r[2], 'item', r[5], 'score', r[4], 'deadline_ms', ARGV[3],
                'requested_ms', ARGV[2], 'round', ARGV[5], 'state', 'new')
     redis.call('PEXPIREAT', rk, tonumber(ARGV[3]) + tonumber(ARGV[9]))
     redis.call('ZADD', pending, ARGV[3], r[1])

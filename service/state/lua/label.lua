@@ -1,6 +1,6 @@
 -- LABEL: fold one label record into its request's chunk, exactly once.
 -- KEYS: offsets:labels, counters, pending, req:<rid>, meta, and, when the caller found the
---   request's chunk <t> in req:<rid>: c:<t>:replace, c:<t>:n, c:<t>:h.
+--   request's chunk <t> in req:<rid>: c:<t>:replace, c:<t>:n, c:<t>:h, c:<t>:labelled.
 -- ARGV: partition, offset, request id, label ('1', '0' or 'null': skipped), now_ms, labeler,
 --   the chunk the caller read from req:<rid> ('' if none), the offset of the previous call for
 --   this classifier and partition in the same pipeline ('' if none).
@@ -47,6 +47,10 @@ end
 redis.call('HSET', rk, 'state', 'answered', 'label', ARGV[4], 'answered_ms', ARGV[5], 'labeler', ARGV[6])
 redis.call('HINCRBY', nkey, k, 1)
 redis.call('HINCRBY', hkey, k, tonumber(ARGV[4]))
+if KEYS[9] then  -- the labelled item, for the difference estimator (requests issued before `score`: from the item)
+  local score = redis.call('HGET', rk, 'score') or tostring(cjson.decode(redis.call('HGET', rk, 'item')).s)
+  redis.call('HSET', KEYS[9], ARGV[3], table.concat({k, ARGV[4], score}, ' '))
+end
 redis.call('HINCRBY', cnt, 'labels_accepted', 1)
 redis.call('HSET', cnt, 'last_label_ms', ARGV[5])
 return {'accepted', chunk, k}

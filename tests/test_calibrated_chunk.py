@@ -1,0 +1,125 @@
+"""Precision's difference estimator in the service (`labels.calibrated`): LABEL keeps each
+label's stratum, label and score with its chunk; the API and the gauges report the difference
+estimator's interval where the switch uses it, with ``calibration`` saying so; below
+CALIBRATION_MIN_LABELS, with it 0, or with records that do not add up to the chunk's label
+counts, exactly today's estimator.  Real Redis; the statistics themselves are
+tests/test_difference.py's."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import orjson
+import pytest
+from redis.asyncio import Redis
+from scipy.special import expit
+
+from stratameter.api.views import chunk_view, classifier_view
+from stratameter.config import load_settings
+from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.labels.calibrated import chunk_calibration, fold_of
+from stratameter.state.store import Store
+from stratameter.stats.calibration import resolve_kind
+from stratameter.stats.difference import Labelled, StratumGrid, calibrated_interval, feature
+
+pytestmark = pytest.mark.integration
+
+PER_STRATUM = 80
+
+
+async def _labelled_chunk(redis_url: str, prefix: str, **env: str):
+    """A chunk of a steep classifier (the label's odds climb fast with the score inside every
+    stratum) with PER_STRATUM labels in each of its 4 strata, folded through ISSUE and LABEL."""
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, **{f"STRATAMETER_{k}": v for k, v in env.items()}})
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, prefix)
+    rng = np.random.default_rng(7)
+    n = 20_000
+    scores = np.round(0.5 + 0.5 * rng.random(n), 6)
+    truth = dict(zip((f"i{j}" for j in range(n)), rng.random(n) < expit(14.0 * (scores - 0.75))))
+    now = int(time.time() * 1000)
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+    await ingest.apply(0, np.arange(n), ["c"] * n, list(truth), scores, np.ones(n, bool), np.full(n, now), [None] * n)
+    (t,) = await store.chunk_ids("c")
+    cs = (await store.chunks("c", [t]))[0]
+    assert await store.acquire_lease("c", "me", 60_000)
+    requests = []
+    for k, reservoir in enumerate(await store.reservoirs("c", t, cs.strata)):
+        for j, (member, _) in enumerate(reservoir[:PER_STRATUM]):
+            m = orjson.loads(member)
+            requests.append([f"c/r{k}-{j}", k, m["i"], repr(float(m["s"])), member])
+    issued = await store.issue("c", t, now, now + 3_600_000, 1, "me", requests, {}, 60_000)
+    assert len(issued) == len(requests)
+    outcomes = await store.apply_labels([("c", 0, i, r[0], "1" if truth[r[2]] else "0", now, "ann")
+                                         for i, r in enumerate(requests)])
+    assert {o[0] for o in outcomes} == {"accepted"}
+    return settings, store, t
+
+
+async def test_labels_keep_their_score_and_the_view_reports_the_difference_estimator(redis_url, unique_name):
+    settings, store, t = await _labelled_chunk(redis_url, unique_name("cal"))
+    cfg = settings.for_classifier("c")
+    cs = (await store.chunks("c", [t]))[0]
+    _, rec = await store.chunk_labelled("c", t)
+    assert rec.stratum.size == 4 * PER_STRATUM == int(cs.n.sum()) and rec.unreadable == 0
+    assert int(rec.label.sum()) == int(cs.h.sum())
+    # the same computation by hand from what LABEL kept and the histogram INGEST kept
+    hist = await store.chunk_score_histogram("c", t)
+    kind = resolve_kind("auto", cs.min, cs.max)
+    expected = calibrated_interval(cs.N, Labelled(rec.stratum, feature(rec.score, kind), rec.label,
+                                                  [fold_of(r) for r in rec.request_ids]),
+                                   StratumGrid.from_histogram(hist, cs.cuts, kind), cfg.confidence, False)
+    got = await chunk_calibration(store, "c", cs, cfg, fpc=False)
+    assert got == expected
+    assert got.active, "a steep classifier's calibration beats its strata"
+    assert got.interval.halfwidth < got.plain.halfwidth
+    doc = await classifier_view(store, "c", cfg)
+    assert doc["calibration"] == {"intercept": got.calibration.intercept, "slope": got.calibration.slope,
+                                  "labels_used": 4 * PER_STRATUM, "active": True}
+    assert (doc["estimate"], doc["ci_lower"], doc["ci_upper"]) == (
+        float(got.interval.estimate), float(got.interval.lower), float(got.interval.upper))
+    print(f"halfwidth plain {float(got.plain.halfwidth):.4f}, difference {float(got.interval.halfwidth):.4f}")
+    assert doc["metrics"]["precision"]["ci_lower"] == doc["ci_lower"]
+    # folds are balanced and fixed by the request id
+    folds = np.array([fold_of(r) for r in rec.request_ids])
+    assert 0.35 < folds.mean() < 0.65 and [fold_of(r) for r in rec.request_ids] == folds.tolist()
+    await store.redis.aclose()
+
+
+async def test_off_below_the_minimum_or_with_missing_records_the_estimator_is_todays(redis_url, unique_name):
+    settings, store, t = await _labelled_chunk(redis_url, unique_name("cal"))
+    cs = (await store.chunks("c", [t]))[0]
+    plain = chunk_view(cs, settings.for_classifier("c"), time.time())
+    assert plain["calibration"] is None
+    for env in ({"STRATAMETER_CALIBRATION_MIN_LABELS": "0"},
+                {"STRATAMETER_CALIBRATION_MIN_LABELS": str(4 * PER_STRATUM + 1)}):
+        cfg = load_settings({"STRATAMETER_REDIS_URL": redis_url, **env}).for_classifier("c")
+        assert await chunk_calibration(store, "c", cs, cfg, fpc=False) is None
+        doc = await classifier_view(store, "c", cfg)
+        assert doc["calibration"] is None
+        assert (doc["estimate"], doc["ci_lower"], doc["ci_upper"]) == (plain["estimate"], plain["ci_lower"],
+                                                                       plain["ci_upper"])
+    # a label folded before LABEL kept records (here: one record removed) leaves the plain estimator
+    cfg = settings.for_classifier("c")
+    assert await chunk_calibration(store, "c", cs, cfg, fpc=False) is not None
+    _, rec = await store.chunk_labelled("c", t)
+    await store.redis.hdel(store.keys.chunk_labelled("c", t), rec.request_ids[0])
+    assert await chunk_calibration(store, "c", cs, cfg, fpc=False) is None
+    assert (await classifier_view(store, "c", cfg))["estimate"] == plain["estimate"]
+    await store.redis.aclose()
+
+
+async def test_a_request_issued_before_scores_were_kept_gives_its_score_from_the_item(redis_url, unique_name):
+    """Requests recorded by an earlier version have no ``score`` field: LABEL reads it from the item."""
+    settings, store, t = await _labelled_chunk(redis_url, unique_name("cal"))
+    now = int(time.time() * 1000)
+    member = orjson.dumps({"i": "old-item", "s": 0.8125}).decode()
+    assert await store.issue("c", t, now, now + 60_000, 2, "me", [["c/old", 0, "old-item", "0.8125", member]], {},
+                             60_000) == ["c/old"]
+    await store.redis.hdel(store.keys.request("c", "c/old"), "score")
+    (outcome,) = await store.apply_labels([("c", 0, 10_000, "c/old", "1", now, "ann")])
+    assert outcome[0] == "accepted"
+    raw = await store.redis.hget(store.keys.chunk_labelled("c", t), "c/old")
+    assert raw.split() == [b"0", b"1", b"0.8125"]
+    await store.redis.aclose()
