@@ -215,6 +215,14 @@ class Calibrated:
     labels_used: int
     active: bool
 
+    @property
+    def variance_ratio(self) -> float:
+        """The reported interval's variance over the plain one's (1 unless `active`): the share of
+        the plain estimator's labels the reported one needs for the same width."""
+        if not self.active:
+            return 1.0
+        return float(self.difference.stderr ** 2 / self.plain.stderr ** 2)
+
 
 def calibrated_interval(N, items: Labelled, grid: StratumGrid, confidence: float = 0.95, fpc: bool = True,
                         min_labels: int = CALIBRATION_MIN_LABELS, margin: float = CALIBRATION_MARGIN) -> Calibrated:

@@ -226,7 +226,8 @@ def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, iterations
     return np.where(short, grown(hi).sum(axis=-1), n.sum(axis=-1))
 
 
-def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, target=None) -> np.ndarray:
+def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, target=None,
+                    variance_ratio=1.0) -> np.ndarray:
     """Round size: ``D`` (Bennett & Carvalho's two labels per stratum), and once
     the chunk has `closed`, at least `SHORTFALL_SHARE` of the labels its
     interval says are missing (`labels_to_reach`).  The missing labels are
@@ -235,7 +236,9 @@ def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, targ
     (`allocation.pseudo_smoothed`).  Each errs one way: two labels that
     disagree in a stratum of precision 0.99 forecast a spread of 1/2 for its
     next hundred, and a miscalibrated score forecasts a spread the labels do
-    not show; a forecast too low costs only another round.
+    not show; a forecast too low costs only another round.  `variance_ratio` scales
+    the forecast: the reported estimator's variance over the plain one's at the
+    same labels (`difference.Calibrated`; labels needed go as the variance).
     """
     closed = np.asarray(closed, dtype=bool)
     if not closed.any():
@@ -243,12 +246,12 @@ def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, targ
     total = np.sum(n, axis=-1)
     need = np.minimum(labels_to_reach(N, n, h, delta, confidence, target=target),
                       labels_to_reach(N, n, h, delta, confidence, pseudo_smoothed(n, h, q), target=target))
-    missing = np.maximum(need - total, 0.0)
+    missing = np.maximum(need * np.asarray(variance_ratio, dtype=float) - total, 0.0)
     return np.where(closed, np.maximum(D, np.ceil(SHORTFALL_SHARE * missing)), D).astype(np.int64)
 
 
 def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, delta: float, confidence: float,
-                  round_labels: int, closed=False, target=None) -> tuple[np.ndarray, np.ndarray]:
+                  round_labels: int, closed=False, target=None, variance_ratio=1.0) -> tuple[np.ndarray, np.ndarray]:
     """One decision of the request loop for one chunk (or many runs at once).
 
     Returns ``(tau, want)``: the paced thresholds (while `flowing`) and the
@@ -261,7 +264,9 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     (`catch_up`).  A `confusion.Target` other than precision sizes and
     allocates for its metrics (`confusion.allocation_scale`).  The caller turns
     ``want`` into higher thresholds by taking the next-lowest priorities of
-    each stratum (`threshold_after`).
+    each stratum (`threshold_after`).  `variance_ratio` (below 1 where the difference
+    estimator is reported, `difference.Calibrated`) scales the labels the
+    catch-up and shortfall rounds forecast.
     """
     N = np.asarray(N, dtype=float)
     flowing = np.asarray(flowing, dtype=bool)[..., None]
@@ -271,15 +276,16 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
     # the shortfall's bisections only where a closed chunk plans a round now
     D = shortfall_round(round_labels, N, n, h, q, delta, confidence, np.asarray(closed, dtype=bool) & do_round,
-                        target)
+                        target, variance_ratio)
     scale = None if target is None or target.is_precision else allocation_scale(target.metrics, N, n, h,
                                                                                    target.positive)
     want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale)
-    want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target))
+    want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target, variance_ratio))
     return tau, np.where(do_round[..., None], want, 0)
 
 
-def catch_up(N, n, h, q, delta: float, confidence: float, closed=False, target=None) -> np.ndarray:
+def catch_up(N, n, h, q, delta: float, confidence: float, closed=False, target=None,
+             variance_ratio=1.0) -> np.ndarray:
     """Labels per stratum that bring a stratum with at least `CATCH_UP_MIN_LABELS`
     labels to `CATCH_UP_SHARE` of its target (`target_labels`, with the finite
     population correction once the chunk is `closed`): after a paced stream the
@@ -287,14 +293,14 @@ def catch_up(N, n, h, q, delta: float, confidence: float, closed=False, target=N
     stratum per round; strata with fewer labels, and a burst with none, get
     ordinary rounds.  The spread comes from the labels alone (the score prior
     of a miscalibrated classifier would overshoot, and a threshold is never
-    lowered)."""
+    lowered).  `variance_ratio` scales the targets (`shortfall_round`)."""
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     closed = np.asarray(closed, dtype=bool)[..., None]
     p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
     need = np.where(closed, target_labels(N, n, h, p, delta, confidence, fpc=True, target=target),
                     target_labels(N, n, h, p, delta, confidence, target=target))
-    short = np.ceil(CATCH_UP_SHARE * need - n)
+    short = np.ceil(CATCH_UP_SHARE * need * np.asarray(variance_ratio, dtype=float)[..., None] - n)
     room = np.maximum(N - n, 0.0)
     return np.where(n >= CATCH_UP_MIN_LABELS, np.clip(short, 0.0, room), 0.0).astype(np.int64)
 
