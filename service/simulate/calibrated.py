@@ -27,6 +27,7 @@ from ..stats.calibration import resolve_kind, stratum_mean_probability
 from ..stats.difference import CALIBRATION_MIN_LABELS, Labelled, StratumGrid, calibrated_interval, feature
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import assign, boundaries
+from .parallel import map_in_processes
 from .populations import Population
 
 STRATA = 4
@@ -62,6 +63,7 @@ class Chunk:
 @dataclass(frozen=True)
 class Stop:
     labels: int
+    estimate: float
     covered: bool
     active: bool  # the difference estimator's interval was the one reported at the stop
 
@@ -98,12 +100,13 @@ def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray
                 reported, active, ratio = c.interval, c.active, c.variance_ratio
             streak = int(stopping.next_streak(streak, float(reported.halfwidth), delta))
             if streak >= STOP_ROUNDS:
-                return Stop(int(n.sum()), bool(reported.lower <= chunk.truth <= reported.upper), active)
+                return Stop(int(n.sum()), float(reported.estimate), bool(reported.lower <= chunk.truth <= reported.upper),
+                            active)
         _, want = streams.plan_requests(chunk.N, n, h, chunk.prior, np.zeros(K), chunk.N, False, True, False,
                                         delta, confidence, round_labels, closed=closed, variance_ratio=ratio)
         want = np.minimum(np.asarray(want, dtype=np.int64), chunk.N.astype(np.int64) - n)
         if want.sum() == 0:  # every item labelled: the figure is exact
-            return Stop(int(n.sum()), True, False)
+            return Stop(int(n.sum()), chunk.truth, True, False)
         for k in np.flatnonzero(want):
             new = order[k][n[k]:n[k] + want[k]]
             drawn.append(new)
@@ -123,17 +126,33 @@ class Cell:
     coverage_plain: float
     coverage_calibrated: float
     active_at_stop: float
+    bias_plain: float  # mean estimate at the stop minus the truth
+    bias_calibrated: float
 
 
-def cell(pop: Population, delta: float, runs: int, confidence: float = 0.95, seed: int = 0,
-         closed: bool = True) -> Cell:
+#: Runs per task: each block has its own seed ([seed, block]), so results do not depend on `workers`.
+BLOCK_RUNS = 50
+
+
+def cell(pop: Population, delta: float, runs: int, confidence: float = 0.95, seed: int = 0, closed: bool = True,
+         workers: int | None = None) -> Cell:
+    """`runs` paired runs (`run`) on `pop`, in blocks of `BLOCK_RUNS` spread over processes."""
     chunk = Chunk.of(pop)
-    rng = np.random.default_rng(seed)
-    pairs = [run(chunk, delta, confidence, rng, closed=closed) for _ in range(runs)]
+    blocks = [(chunk, delta, confidence, [seed, b], min(BLOCK_RUNS, runs - b * BLOCK_RUNS), closed)
+              for b in range(-(-runs // BLOCK_RUNS))]
+    pairs = [pair for block in map_in_processes(_block, blocks, workers=workers) for pair in block]
     lp = np.array([p.labels for p, _ in pairs], dtype=float)
     lc = np.array([c.labels for _, c in pairs], dtype=float)
     diff = lp - lc
     return Cell(pop.name, delta, runs, float(lp.mean()), float(lc.mean()), float(diff.mean() / lp.mean()),
                 float(diff.std(ddof=1) / np.sqrt(runs) / lp.mean()) if runs > 1 else float("nan"),
                 float(np.mean([p.covered for p, _ in pairs])), float(np.mean([c.covered for _, c in pairs])),
-                float(np.mean([c.active for _, c in pairs])))
+                float(np.mean([c.active for _, c in pairs])),
+                float(np.mean([p.estimate for p, _ in pairs]) - chunk.truth),
+                float(np.mean([c.estimate for _, c in pairs]) - chunk.truth))
+
+
+def _block(task) -> list[tuple[Stop, Stop]]:
+    chunk, delta, confidence, seed, runs, closed = task
+    rng = np.random.default_rng(seed)
+    return [run(chunk, delta, confidence, rng, closed=closed) for _ in range(runs)]

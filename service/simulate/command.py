@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -65,6 +66,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.add_argument("--plot", metavar="FILE.png", help="draw error vs labels and coverage (needs matplotlib)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    p.add_argument("--calibration", action="store_true",
+                   help="the service's design on the population as one closed chunk, with and without precision's "
+                        "difference estimator (the score inside the strata, CALIBRATION_MIN_LABELS 100), paired on "
+                        "common random numbers: labels at the stop, the saving, coverage (per-item draws: minutes)")
     st = p.add_argument_group(
         "streams", "--stream replays the population as the arrivals of one chunk and runs the service's stream "
         "design on it (threshold sampling, paced thresholds, OPT rounds once arrivals stop, the chunk's interval "
@@ -143,6 +148,23 @@ def _check(args) -> None:
         raise ValueError("--budget must be >= 2")
 
 
+def _main_calibration(args, pop) -> int:
+    from . import calibrated
+
+    cell = calibrated.cell(pop, args.delta, args.runs, 1.0 - args.alpha, args.seed, workers=args.workers)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(cell)))
+        return 0
+    print(f"{pop.name} (precision {pop.truth:.4f}), one closed chunk, K = {calibrated.STRATA} perc strata, "
+          f"delta={args.delta}, confidence={1.0 - args.alpha:g}, {args.runs} paired runs")
+    print(f"{'labels today':>14} {'with calibration':>17} {'saving':>14} {'coverage today / with':>22} "
+          f"{'active at stop':>15}")
+    print(f"{cell.labels_plain:>14.1f} {cell.labels_calibrated:>17.1f} "
+          f"{100 * cell.saving:>+8.1f} ± {100 * cell.saving_stderr:.1f} % "
+          f"{cell.coverage_plain:>11.3f} / {cell.coverage_calibrated:.3f} {100 * cell.active_at_stop:>14.0f}%")
+    return 0
+
+
 def _check_stream(args) -> None:
     if not args.stream:
         given = [name for name in STREAM_ONLY if getattr(args, name) is not None]
@@ -189,6 +211,17 @@ def _delay(value: str | None) -> tuple[float, float] | None:
 
 
 def main(args) -> int:
+    if args.calibration:
+        wrong = [o for o, given in (("--stream", args.stream), ("--budget", args.budget is not None),
+                                    ("--plot", args.plot), ("--methods", args.methods),
+                                    ("--stratifications", args.stratifications), ("--strata", args.strata != 4),
+                                    ("--metric", args.metric != "precision"),
+                                    ("--interval", args.interval != "wilson"),
+                                    ("--without-replacement", args.without_replacement)) if given]
+        if wrong:
+            print(f"stratameter simulate: error: {wrong[0]} does not apply with --calibration (the service's design: "
+                  f"precision, K = 4 perc strata, the Wilson interval, without replacement)", file=sys.stderr)
+            return 2
     if args.metric != "precision":
         from . import whole_command
 
@@ -220,6 +253,8 @@ def main(args) -> int:
         return 2
     if args.stream:
         return _main_stream(args, pop)
+    if args.calibration:
+        return _main_calibration(args, pop)
     protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha,
                         with_replacement=not args.without_replacement)
     curve = []
