@@ -211,11 +211,12 @@ class RequestLoop:
             return 0  # nothing the design looks at has changed since the last step
         final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
         halfwidth = float(streams.chunk_interval(N, n, h, cfg.confidence, closed, target).halfwidth)
-        ratio = 1.0  # the reported estimator's variance over the plain one's: sizes catch-up and shortfall
+        ratio, scale = 1.0, None  # the reported estimator's variance over the plain one's, its spreads' (rounds)
         if target is None and lead.positive:  # precision: the difference estimator's where it is used
             calibrated = await chunk_calibration(self.store, lead.state_id, cs0, lead.cfg, closed)
             if calibrated is not None and calibrated.active:
                 halfwidth, ratio = float(calibrated.interval.halfwidth), calibrated.variance_ratio
+                scale = calibrated.allocation_scale
         streak, labels = cs0.streak, int(n.sum())
         if pending == 0 and labels > cs0.evaluated_round:  # a round completed with new labels: evaluate once
             streak = int(stopping.next_streak(streak, halfwidth, cfg.delta))
@@ -225,7 +226,7 @@ class RequestLoop:
         tau, want = streams.plan_requests(N, n, h, q, thresholds, N * final / total, flowing, pending == 0,
                                           converged, cfg.delta, cfg.confidence,
                                           allocation.round_size(N.size, cfg.round_labels_per_stratum),
-                                          closed=closed, target=target, variance_ratio=ratio)
+                                          closed=closed, target=target, variance_ratio=ratio, spread_scale=scale)
         due, taus, left = await self._due_by_side(sides, tau, want)
         hour_used = sum([await self.store.issued_this_hour(sd.state_id, now) for sd in sides])
         budget = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600))

@@ -90,20 +90,21 @@ def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray
     streak = 0
     round_labels = allocation.round_size(K, LABELS_PER_STRATUM)
     while True:
-        ratio = 1.0
+        ratio, scale = 1.0, None
         if n.sum():
             reported, active = streams.chunk_interval(chunk.N, n, h, confidence, closed), False
             if min_labels and n.sum() >= min_labels:
                 idx = np.concatenate(drawn)
                 c = calibrated_interval(chunk.N, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
                                                           folds[idx]), chunk.grid, confidence, closed, min_labels)
-                reported, active, ratio = c.interval, c.active, c.variance_ratio
+                reported, active, ratio, scale = c.interval, c.active, c.variance_ratio, c.allocation_scale
             streak = int(stopping.next_streak(streak, float(reported.halfwidth), delta))
             if streak >= STOP_ROUNDS:
                 return Stop(int(n.sum()), float(reported.estimate), bool(reported.lower <= chunk.truth <= reported.upper),
                             active)
         _, want = streams.plan_requests(chunk.N, n, h, chunk.prior, np.zeros(K), chunk.N, False, True, False,
-                                        delta, confidence, round_labels, closed=closed, variance_ratio=ratio)
+                                        delta, confidence, round_labels, closed=closed, variance_ratio=ratio,
+                                        spread_scale=scale)
         want = np.minimum(np.asarray(want, dtype=np.int64), chunk.N.astype(np.int64) - n)
         if want.sum() == 0:  # every item labelled: the figure is exact
             return Stop(int(n.sum()), chunk.truth, True, False)

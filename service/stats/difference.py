@@ -32,7 +32,7 @@ keeps (`StratumGrid`, buckets split at the cuts: `tests/test_difference.py` meas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import expit, logit
@@ -181,18 +181,9 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     and Wilson centre.  With ``z = y`` it is `wilson_interval` on the counts."""
     N = np.asarray(N, dtype=float)
     k = N.shape[-1]
-    z = np.asarray(z, dtype=float)
-    stratum = np.asarray(stratum, dtype=int)
-    n = np.bincount(stratum, minlength=k).astype(float)
-    s1 = np.bincount(stratum, weights=z, minlength=k)
-    s2 = np.bincount(stratum, weights=z * z, minlength=k)
+    n, mean, spread, guarded_mean, guarded_spread = _stratum_moments(k, stratum, z)
     _as_counts(N, n, np.zeros(k))
     W = weights(N)
-    safe = np.maximum(n, 1.0)
-    mean = s1 / safe
-    spread = np.maximum(s2 / safe - mean * mean, 0.0)  # divide by n, as p (1 - p)
-    guarded_mean = (s1 + 0.5) / (n + 1.0)
-    guarded_spread = np.maximum((s2 + 0.5) / (n + 1.0) - guarded_mean * guarded_mean, 0.0)
     safe_n = np.maximum(n, 2.0)
     var = np.sum(np.where(W > 0, W**2 * variance_of_mean(N, n, safe_n / (safe_n - 1.0) * guarded_spread, fpc), 0.0))
     missing = ((n == 0) & (W > 0)).any()
@@ -200,6 +191,22 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     shifted = np.clip(mean + shift_of_means(N, n, pbar, spread, W**2, var, fpc), 0.0, 1.0)
     est = np.nan if missing else np.sum(W * shifted)
     return wilson_design_effect(np.asarray(est, dtype=float), var, n.sum(), z_value(confidence))
+
+
+def _stratum_moments(k: int, stratum, z):
+    """Per stratum: labels, mean and spread of `z` (divided by n, as p (1 - p)), and both with
+    the half-label guard (half a label at ``z`` = 1 and at 0)."""
+    z = np.asarray(z, dtype=float)
+    stratum = np.asarray(stratum, dtype=int)
+    n = np.bincount(stratum, minlength=k).astype(float)
+    s1 = np.bincount(stratum, weights=z, minlength=k)
+    s2 = np.bincount(stratum, weights=z * z, minlength=k)
+    safe = np.maximum(n, 1.0)
+    mean = s1 / safe
+    spread = np.maximum(s2 / safe - mean * mean, 0.0)
+    guarded_mean = (s1 + 0.5) / (n + 1.0)
+    guarded_spread = np.maximum((s2 + 0.5) / (n + 1.0) - guarded_mean * guarded_mean, 0.0)
+    return n, mean, spread, guarded_mean, guarded_spread
 
 
 @dataclass(frozen=True)
@@ -214,6 +221,8 @@ class Calibrated:
     calibration: Platt
     labels_used: int
     active: bool
+    # per stratum: the residuals' sd over the labels' (guarded); derived from the above, not compared
+    spread_ratio: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def variance_ratio(self) -> float:
@@ -222,6 +231,13 @@ class Calibrated:
         if not self.active:
             return 1.0
         return float(self.difference.stderr ** 2 / self.plain.stderr ** 2)
+
+    @property
+    def allocation_scale(self) -> np.ndarray | None:
+        """Per stratum, what Neyman's shares are multiplied by so that the rounds allocate on
+        the residual spread (``N_k S_k(z)``, `allocation.neyman_shares` ``scale``); None unless
+        `active`."""
+        return self.spread_ratio if self.active else None
 
 
 def calibrated_interval(N, items: Labelled, grid: StratumGrid, confidence: float = 0.95, fpc: bool = True,
@@ -233,6 +249,11 @@ def calibrated_interval(N, items: Labelled, grid: StratumGrid, confidence: float
     everything = fit_platt(items.x, items.y)
     if items.y.size < min_labels or not (items.fold == 0).any() or not (items.fold == 1).any():
         return Calibrated(plain, plain, None, everything, int(items.y.size), False)
-    diff = difference_interval(N, items.stratum, pseudo_outcomes(items, grid, cross_fitted(items)), confidence, fpc)
+    z = pseudo_outcomes(items, grid, cross_fitted(items))
+    diff = difference_interval(N, items.stratum, z, confidence, fpc)
     active = bool(np.isfinite(diff.stderr) and diff.stderr**2 <= margin * plain.stderr**2)
-    return Calibrated(diff if active else plain, plain, diff, everything, int(items.y.size), active)
+    k = np.asarray(N).shape[-1]
+    residual, labels = _stratum_moments(k, items.stratum, z)[4], _stratum_moments(k, items.stratum, items.y)[4]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(labels > 0, np.sqrt(residual / np.where(labels > 0, labels, 1.0)), 1.0)
+    return Calibrated(diff if active else plain, plain, diff, everything, int(items.y.size), active, ratio)

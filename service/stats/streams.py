@@ -251,7 +251,8 @@ def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, targ
 
 
 def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, delta: float, confidence: float,
-                  round_labels: int, closed=False, target=None, variance_ratio=1.0) -> tuple[np.ndarray, np.ndarray]:
+                  round_labels: int, closed=False, target=None, variance_ratio=1.0,
+                  spread_scale=None) -> tuple[np.ndarray, np.ndarray]:
     """One decision of the request loop for one chunk (or many runs at once).
 
     Returns ``(tau, want)``: the paced thresholds (while `flowing`) and the
@@ -266,7 +267,9 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     ``want`` into higher thresholds by taking the next-lowest priorities of
     each stratum (`threshold_after`).  `variance_ratio` (below 1 where the difference
     estimator is reported, `difference.Calibrated`) scales the labels the
-    catch-up and shortfall rounds forecast.
+    catch-up and shortfall rounds forecast, and `spread_scale` (per stratum,
+    `difference.Calibrated.allocation_scale`) makes precision's rounds allocate on
+    the residual spread.
     """
     N = np.asarray(N, dtype=float)
     flowing = np.asarray(flowing, dtype=bool)[..., None]
@@ -277,8 +280,8 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     # the shortfall's bisections only where a closed chunk plans a round now
     D = shortfall_round(round_labels, N, n, h, q, delta, confidence, np.asarray(closed, dtype=bool) & do_round,
                         target, variance_ratio)
-    scale = None if target is None or target.is_precision else allocation_scale(target.metrics, N, n, h,
-                                                                                   target.positive)
+    scale = spread_scale if target is None or target.is_precision else allocation_scale(target.metrics, N, n, h,
+                                                                                          target.positive)
     want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale)
     want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target, variance_ratio))
     return tau, np.where(do_round[..., None], want, 0)
