@@ -5,6 +5,8 @@ saving that cannot come from noise, 2000 paired runs on `steep` (fixed seed)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from stratameter.simulate.calibrated import Chunk, cell, design
@@ -33,3 +35,17 @@ def test_off_the_design_is_todays_exactly():
     off = design(chunk, 0.03, 0.95, order, folds, 0, closed=False)
     above_every_run = design(chunk, 0.03, 0.95, order, folds, 10**9, closed=False)
     assert off == above_every_run and not off.active
+
+
+def test_the_command_reports_a_paired_cell_and_refuses_what_does_not_apply(capsys):
+    from stratameter.cli import main
+
+    assert main(["simulate", "--calibration", "--builtin", "steep", "--delta", "0.05", "--runs", "4",
+                 "--workers", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["population"] == "steep" and doc["runs"] == 4 and doc["labels_plain"] > 0
+    assert set(doc) >= {"labels_calibrated", "saving", "saving_stderr", "coverage_plain", "coverage_calibrated",
+                        "active_at_stop", "bias_plain", "bias_calibrated"}
+    for wrong in (["--stream"], ["--metric", "recall"], ["--strata", "8"], ["--budget", "100"]):
+        assert main(["simulate", "--calibration", "--builtin", "steep", "--runs", "4", *wrong]) == 2
+        assert "does not apply with --calibration" in capsys.readouterr().err

@@ -47,7 +47,8 @@ async def chunk_calibration(store: Store, state_id: str, cs: ChunkState, cfg, fp
         counts, rec = await store.chunk_labelled(state_id, cs.chunk)
         if not _adds_up(rec, cs):
             return None
-        cached = (rec.stratum, rec.label, rec.score, np.array([fold_of(r) for r in rec.request_ids], dtype=np.int8))
+        cached = (rec.stratum.astype(np.int8), rec.label.astype(np.int8), rec.score,
+                  np.array([fold_of(r) for r in rec.request_ids], dtype=np.int8))
         _labelled[key] = cached
         if len(_labelled) > CACHED_CHUNKS:
             _labelled.popitem(last=False)
