@@ -75,6 +75,7 @@ class StreamSettings:
     reservoir_size: int = 1024  # RESERVOIR_SIZE: provisional cap, and reported overflow (see `StreamResult`)
     step_seconds: float = 5.0  # the loop's step grid
     cap_seconds: float = 6 * 3600.0  # a run still sampling this long after its chunk closed is stopped
+    calibration_min_labels: int = 0  # CALIBRATION_MIN_LABELS (precision); 0: today's estimator only
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Chunks:
     truth: np.ndarray  # (R,) realised value of the metric in the chunk (precision by default)
     positive: np.ndarray | None = None  # (K,) the side of each stratum; None: every stratum predicted positive
     metric: str = "precision"
+    score: np.ndarray | None = None  # float32 score, kept only for the calibration (`calibration_min_labels`)
 
     def seg(self, runs, k) -> np.ndarray:
         return np.asarray(runs) * (self.K + 1) + np.asarray(k)
@@ -207,7 +209,7 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
     arr_key = (np.arange(runs)[:, None] * span + np.where(valid, t, T + 2.0)).ravel()
     return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
                   lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
-                  truth, positive, s.metric)
+                  truth, positive, s.metric, take(score.astype(np.float32)) if s.calibration_min_labels else None)
 
 
 def _side_strata(score, t, on_side, count, k: int, method: str, reservoir_size: int):

@@ -66,6 +66,7 @@ class Stop:
     estimate: float
     covered: bool
     active: bool  # the difference estimator's interval was the one reported at the stop
+    converged: bool = True  # its half-width reached delta (a stream's chunk may stop exhausted or capped)
 
 
 def run(chunk: Chunk, delta: float, confidence: float, rng: np.random.Generator,
@@ -129,6 +130,26 @@ class Cell:
     active_at_stop: float
     bias_plain: float  # mean estimate at the stop minus the truth
     bias_calibrated: float
+    reached_plain: float = 1.0  # share of runs whose half-width reached delta
+    reached_calibrated: float = 1.0
+
+    @classmethod
+    def of(cls, population: str, delta: float, pairs: list[tuple[Stop, Stop]], truth) -> "Cell":
+        """The paired summary of `pairs` (today's stop, the calibrated stop), `truth` one value
+        or one per run (a stream's chunk is judged by its own realised precision)."""
+        runs = len(pairs)
+        lp = np.array([p.labels for p, _ in pairs], dtype=float)
+        lc = np.array([c.labels for _, c in pairs], dtype=float)
+        diff = lp - lc
+        truth = np.broadcast_to(np.asarray(truth, dtype=float), (runs,))
+        mean = lambda stops, what: float(np.mean([getattr(x, what) for x in stops]))  # noqa: E731
+        plain, calibrated = [p for p, _ in pairs], [c for _, c in pairs]
+        return cls(population, delta, runs, float(lp.mean()), float(lc.mean()), float(diff.mean() / lp.mean()),
+                   float(diff.std(ddof=1) / np.sqrt(runs) / lp.mean()) if runs > 1 else float("nan"),
+                   mean(plain, "covered"), mean(calibrated, "covered"), mean(calibrated, "active"),
+                   float(np.mean([x.estimate for x in plain] - truth)),
+                   float(np.mean([x.estimate for x in calibrated] - truth)),
+                   mean(plain, "converged"), mean(calibrated, "converged"))
 
 
 #: Runs per task: each block has its own seed ([seed, block]), so results do not depend on `workers`.
@@ -142,15 +163,7 @@ def cell(pop: Population, delta: float, runs: int, confidence: float = 0.95, see
     blocks = [(chunk, delta, confidence, [seed, b], min(BLOCK_RUNS, runs - b * BLOCK_RUNS), closed)
               for b in range(-(-runs // BLOCK_RUNS))]
     pairs = [pair for block in map_in_processes(_block, blocks, workers=workers) for pair in block]
-    lp = np.array([p.labels for p, _ in pairs], dtype=float)
-    lc = np.array([c.labels for _, c in pairs], dtype=float)
-    diff = lp - lc
-    return Cell(pop.name, delta, runs, float(lp.mean()), float(lc.mean()), float(diff.mean() / lp.mean()),
-                float(diff.std(ddof=1) / np.sqrt(runs) / lp.mean()) if runs > 1 else float("nan"),
-                float(np.mean([p.covered for p, _ in pairs])), float(np.mean([c.covered for _, c in pairs])),
-                float(np.mean([c.active for _, c in pairs])),
-                float(np.mean([p.estimate for p, _ in pairs]) - chunk.truth),
-                float(np.mean([c.estimate for _, c in pairs]) - chunk.truth))
+    return Cell.of(pop.name, delta, pairs, chunk.truth)
 
 
 def _block(task) -> list[tuple[Stop, Stop]]:

@@ -69,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration", action="store_true",
                    help="the service's design on the population as one closed chunk, with and without precision's "
                         "difference estimator (the score inside the strata, CALIBRATION_MIN_LABELS 100), paired on "
-                        "common random numbers: labels at the stop, the saving, coverage (per-item draws: minutes)")
+                        "common random numbers: labels at the stop, the saving, coverage (per-item draws: minutes); "
+                        "with --stream, per scenario on the same chunks")
     st = p.add_argument_group(
         "streams", "--stream replays the population as the arrivals of one chunk and runs the service's stream "
         "design on it (threshold sampling, paced thresholds, OPT rounds once arrivals stop, the chunk's interval "
@@ -212,7 +213,7 @@ def _delay(value: str | None) -> tuple[float, float] | None:
 
 def main(args) -> int:
     if args.calibration:
-        wrong = [o for o, given in (("--stream", args.stream), ("--budget", args.budget is not None),
+        wrong = [o for o, given in (("--budget", args.budget is not None),
                                     ("--plot", args.plot), ("--methods", args.methods),
                                     ("--stratifications", args.stratifications), ("--strata", args.strata != 4),
                                     ("--metric", args.metric != "precision"),
@@ -296,6 +297,8 @@ def _main_stream(args, pop) -> int:
     except ValueError as exc:
         print(f"stratameter simulate: error: {exc}", file=sys.stderr)
         return 2
+    if args.calibration:
+        return _main_stream_calibration(args, study)
     if args.json or not sys.stderr.isatty():
         static, rows = stream_study.run_study(study, workers=args.workers)
     else:
@@ -310,6 +313,26 @@ def _main_stream(args, pop) -> int:
         print(json.dumps(stream_study.as_json(study, static, rows)))
     else:
         _print_stream_table(study, static, rows)
+    return 0
+
+
+def _main_stream_calibration(args, study: StreamStudy) -> int:
+    from . import stream_study
+
+    cells = stream_study.run_calibration_study(study, workers=args.workers)
+    if args.json:
+        print(json.dumps(stream_study.calibration_json(study, cells)))
+        return 0
+    s, pop = study.settings, study.population
+    print(f"{pop.name} (precision {pop.truth:.4f}) as a stream: {s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
+          f"delta={s.delta}, confidence={s.confidence:g}, {study.runs} paired runs per scenario "
+          f"(today's estimator / with the calibration)")
+    print(f"{'scenario':<13} {'labels today':>12} {'with calibration':>17} {'saving':>15} "
+          f"{'coverage':>13} {'reached delta':>13} {'active at stop':>15}")
+    for name, c in cells:
+        print(f"{name:<13} {c.labels_plain:>12.1f} {c.labels_calibrated:>17.1f} "
+              f"{100 * c.saving:>+8.1f} ± {100 * c.saving_stderr:.1f} % {c.coverage_plain:>6.3f}/{c.coverage_calibrated:.3f} "
+              f"{c.reached_plain:>6.3f}/{c.reached_calibrated:.3f} {100 * c.active_at_stop:>14.0f}%")
     return 0
 
 

@@ -47,6 +47,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..stats import allocation, stopping, streams
+from ..stats.calibration import resolve_kind
+from ..stats.difference import Calibrated, Labelled, StratumGrid, calibrated_interval, feature
+from ..stats.sketch import ScoreHistogram
 from .arrivals import SCENARIOS, Chunks, Scenario, StreamSettings, draw, ranges
 from .populations import Population
 
@@ -115,6 +118,7 @@ class StreamResult:
     chunks: Chunks | None = None  # with keep_items
     requested: np.ndarray | None = None  # with keep_items: per layout item
     requested_at: np.ndarray | None = None
+    calibrated: np.ndarray | None = None  # bool: the difference estimator's interval was reported at stop
 
 
 def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, seed,
@@ -151,6 +155,10 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     ring_c = np.zeros((S, R), dtype=np.int32)
     budget = s.max_labels_per_hour
     silence = streams.min_silence(T)
+    calibrating = bool(s.calibration_min_labels) and c.target is None
+    if calibrating:  # drawn after the chunks, so a run's chunk is the same with the calibration off
+        fold = rng.integers(0, 2, c.key.size, dtype=np.int8)
+        lands = np.full(c.key.size, np.iinfo(np.int64).max)  # the step a label lands at
 
     N = np.zeros((R, K))
     qsum = np.zeros((R, K))
@@ -178,11 +186,14 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     n_waiting = np.zeros(R, dtype=np.int64)
     requested_at = np.full(c.key.size, np.nan, dtype=np.float32) if keep_items else None
     active = np.ones(R, dtype=bool)
+    cal_active = np.zeros(R, dtype=bool)  # the difference estimator's interval is the one reported
+    cal_hw = np.full(R, np.nan)  # its half-width, as last computed
 
     out = StreamResult(*(np.zeros(R, dtype=np.int64) for _ in range(2)), *(np.full(R, np.nan) for _ in range(4)),
                        np.zeros(R, bool), np.zeros(R, bool), np.full(R, "open", dtype=object), np.zeros(R, bool),
                        np.full(R, np.nan), c.truth, c.count, overflow, blocked_steps, np.zeros((R, K)),
-                       np.zeros((R, K), dtype=np.int64), np.zeros((R, K), dtype=np.int64), np.zeros((R, K)))
+                       np.zeros((R, K), dtype=np.int64), np.zeros((R, K), dtype=np.int64), np.zeros((R, K)),
+                       calibrated=np.zeros(R, dtype=bool))
     run_ids = np.arange(R)
     # arrivals so far at each step of the chunk (all items arrive before its end)
     n_arr = int(math.ceil(T / dt)) + 2
@@ -243,10 +254,27 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             final = streams.expected_final_size(total, first[rows], last[rows], now, end, T)
             N_final = Nr * (final / total)[:, None]
             iv = streams.chunk_interval(Nr, nr, hr, s.confidence, closed, c.target)
-            hw = iv.halfwidth
+            est, lower, upper, hw = iv.estimate.copy(), iv.lower.copy(), iv.upper.copy(), iv.halfwidth.copy()
             labels = nr.sum(axis=1)
             ready = pend[rows] == 0
             ev = ready & (labels > evaluated[rows])
+            ratio, scale = np.ones(rows.size), None
+            if calibrating:  # as `requests.loop`: the difference estimator's interval where its switch keeps it
+                # a flowing chunk's step that evaluates no round uses its interval only for its status:
+                # there the last one computed stands in (two thirds of the fits saved)
+                fresh_fit = (labels >= s.calibration_min_labels) & (ev | ~flowing)
+                for i in np.flatnonzero(fresh_fit):
+                    cal = chunk_calibration(c, int(rows[i]), step, now, Nr[i], lands, fold, closed, s)
+                    cal_active[rows[i]] = cal.active
+                    cal_hw[rows[i]] = cal.interval.halfwidth
+                    if cal.active:
+                        iv_i = cal.interval
+                        est[i], lower[i], upper[i], hw[i] = iv_i.estimate, iv_i.lower, iv_i.upper, iv_i.halfwidth
+                        ratio[i] = cal.variance_ratio
+                        scale = np.ones_like(Nr) if scale is None else scale
+                        scale[i] = cal.allocation_scale
+                stale = ~fresh_fit & cal_active[rows]
+                hw[stale] = cal_hw[rows[stale]]
             st = streak[rows]
             st = np.where(ev, stopping.next_streak(st, hw, s.delta), st)
             streak[rows] = st
@@ -258,7 +286,8 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 q[g] = np.where(N[g] > 0, qsum[g] / np.maximum(N[g], 1.0), 0.5)
                 q_size[g] = total[reread]
             tau_r, want = streams.plan_requests(Nr, nr, hr, q[rows], tau[rows], N_final, flowing, ready, converged,
-                                                s.delta, s.confidence, D, closed=closed, target=c.target)
+                                                s.delta, s.confidence, D, closed=closed, target=c.target,
+                                                variance_ratio=ratio, spread_scale=scale)
             wr, wk = np.nonzero(want > 0)
             if wr.size:
                 tau_r[wr, wk] = raised_thresholds(c, rows[wr], wk, tau_r[wr, wk], m[rows[wr], wk], want[wr, wk], now)
@@ -305,6 +334,8 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 ik = c.stratum[issue].astype(np.int64)
                 slot = (step + step_of[issue]) % S
                 lab = labelled[issue]
+                if calibrating:
+                    lands[issue[lab]] = step + step_of[issue[lab]]
                 np.add.at(ring_n, (slot, ir, ik), lab)
                 np.add.at(ring_h, (slot, ir, ik), lab & (c.y[issue] == 1))
                 np.add.at(ring_c, (slot, ir), 1)
@@ -344,7 +375,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                         "run": int(r), "t": now, "N": N[r].copy(), "n": n[r].copy(), "h": h[r].copy(),
                         "q": q[r].copy(), "pending": int(pend[r] - issued_now[r]), "tau": tau[r].copy(),
                         "tau_step": tau_r[i].copy(), "want": want[i].copy(), "flowing": bool(flowing[i]),
-                        "closed": closed, "final": float(final[i]), "estimate": float(iv.estimate[i]),
+                        "closed": closed, "final": float(final[i]), "estimate": float(est[i]),
                         "halfwidth": float(hw[i]), "streak": int(st[i]), "converged": bool(converged[i]),
                         "issued": int(issued_now[r]), "issued_hour": int(issued_hour[r]),
                         "waiting": int(n_waiting[r]), "status": str(status[i]), "requested": req_k[r].copy()})
@@ -352,7 +383,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 d = rows[done]
                 out.labels[d] = labels[done]
                 out.requests[d] = issued_total[d]
-                out.estimate[d], out.lower[d], out.upper[d] = iv.estimate[done], iv.lower[done], iv.upper[done]
+                out.estimate[d], out.lower[d], out.upper[d] = est[done], lower[done], upper[done]
                 out.halfwidth[d] = hw[done]
                 out.converged[d] = converged[done]
                 out.closed[d] = closed
@@ -360,12 +391,28 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 out.capped[d] = ~finished[done]
                 out.stop_seconds[d] = now
                 out.tau[d], out.n[d], out.h[d], out.N[d] = tau[d], n[d], h[d], N[d]
+                out.calibrated[d] = cal_active[d]
                 active[d] = False
         step = _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
                           close_step, cap_step)
     if keep_items:
         out.chunks, out.requested, out.requested_at = c, requested, requested_at
     return out
+
+
+def chunk_calibration(c: Chunks, run: int, step: int, now: float, N, lands, fold, closed: bool,
+                      s: StreamSettings) -> Calibrated:
+    """`labels.calibrated.chunk_calibration` for one run's chunk at `step`: the labels landed
+    by then, and the calibration's stratum means from the histogram of the scores arrived by
+    `now` on the run's cuts (as the service reads its chunk's histogram)."""
+    span = slice(run * c.M, (run + 1) * c.M)
+    stratum = c.stratum[span]
+    got = lands[span] <= step
+    hist = ScoreHistogram.from_scores(c.score[span][(c.a[span] <= now) & (stratum < c.K)].astype(float))
+    kind = resolve_kind("auto", hist.min, hist.max)
+    items = Labelled(stratum[got], feature(c.score[span][got].astype(float), kind), c.y[span][got], fold[span][got])
+    return calibrated_interval(N, items, StratumGrid.from_histogram(hist, c.cuts[run], kind), s.confidence, closed,
+                               s.calibration_min_labels)
 
 
 def _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
 
+from ..stats.difference import CALIBRATION_MIN_LABELS
 from . import engine, whole
 from .arrivals import SCENARIOS, StreamSettings
+from .calibrated import BLOCK_RUNS, Cell, Stop
 from .parallel import map_in_processes
 from .populations import Population
 from .stream import StreamResult, run_stream
@@ -166,3 +168,48 @@ def _json_number(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def run_calibration_study(study: StreamStudy, progress: Callable[[int, int], None] | None = None,
+                          workers: int | None = None) -> list[tuple[str, Cell]]:
+    """Every scenario with precision's difference estimator (``CALIBRATION_MIN_LABELS``
+    `difference.CALIBRATION_MIN_LABELS`) beside today's estimator, on the same chunks (the
+    same seed: `run_stream` draws the chunks before anything of the calibration), in blocks of
+    `calibrated.BLOCK_RUNS` runs spread over processes; each chunk judged by its own precision."""
+    blocks = -(-study.runs // BLOCK_RUNS)
+    tasks = [(study, name, np.random.SeedSequence([study.seed, list(SCENARIOS).index(name), b]),
+              min(BLOCK_RUNS, study.runs - b * BLOCK_RUNS)) for name in study.scenarios for b in range(blocks)]
+    done = map_in_processes(_calibration_block, tasks, progress, workers)
+    cells = []
+    for i, name in enumerate(study.scenarios):
+        mine = done[i * blocks:(i + 1) * blocks]
+        pairs = [pair for block, _ in mine for pair in block]
+        truth = np.concatenate([t for _, t in mine])
+        cells.append((name, Cell.of(study.population.name, study.settings.delta, pairs, truth)))
+    return cells
+
+
+def _calibration_block(task) -> tuple[list[tuple[Stop, Stop]], np.ndarray]:
+    study, name, seed, runs = task
+    s = study.settings
+    plain, calibrated = (run_stream(study.population, SCENARIOS[name], replace(s, calibration_min_labels=m), runs, seed)
+                         for m in (0, CALIBRATION_MIN_LABELS))
+    return list(zip(_stops(plain), _stops(calibrated))), plain.truth
+
+
+def _stops(r: StreamResult) -> list[Stop]:
+    covered = np.isfinite(r.lower) & (r.lower <= r.truth) & (r.truth <= r.upper)
+    return [Stop(int(r.labels[i]), float(r.estimate[i]), bool(covered[i]), bool(r.calibrated[i]),
+                 bool(r.converged[i])) for i in range(r.labels.size)]
+
+
+def calibration_json(study: StreamStudy, cells: list[tuple[str, Cell]]) -> dict:
+    """The document of `stratameter simulate --stream --calibration --json`."""
+    s = study.settings
+    return {
+        "mode": "stream-calibration", "population": study.population.name, "truth": study.population.truth,
+        "delta": s.delta, "confidence": s.confidence, "runs": study.runs, "seed": study.seed,
+        "calibration_min_labels": CALIBRATION_MIN_LABELS,
+        "settings": {k: v for k, v in asdict(s).items() if k not in ("delta", "confidence", "calibration_min_labels")},
+        "scenarios": [{"scenario": name, **{k: _json_number(v) for k, v in asdict(c).items()}} for name, c in cells],
+    }
