@@ -46,9 +46,16 @@ def test_the_command_reports_a_paired_cell_and_refuses_what_does_not_apply(capsy
     assert doc["population"] == "steep" and doc["runs"] == 4 and doc["labels_plain"] > 0
     assert set(doc) >= {"labels_calibrated", "saving", "saving_stderr", "coverage_plain", "coverage_calibrated",
                         "active_at_stop", "bias_plain", "bias_calibrated"}
-    for wrong in (["--stream"], ["--metric", "recall"], ["--strata", "8"], ["--budget", "100"]):
+    for wrong in (["--metric", "recall"], ["--strata", "8"], ["--budget", "100"], ["--stream", "--strata", "8"]):
         assert main(["simulate", "--calibration", "--builtin", "steep", "--runs", "4", *wrong]) == 2
         assert "does not apply with --calibration" in capsys.readouterr().err
+    assert main(["simulate", "--stream", "--calibration", "--builtin", "steep", "--delta", "0.05", "--runs", "3",
+                 "--chunk-seconds", "600", "--scenario", "slow,burst", "--workers", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mode"] == "stream-calibration" and doc["calibration_min_labels"] == 100
+    assert [row["scenario"] for row in doc["scenarios"]] == ["slow", "burst"]
+    assert all(row["runs"] == 3 and row["labels_plain"] > 0 and {"reached_plain", "reached_calibrated"} <= set(row)
+               for row in doc["scenarios"])
 
 
 def test_on_a_slow_stream_the_calibrated_design_covers_and_saves_labels():
