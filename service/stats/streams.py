@@ -197,33 +197,51 @@ def budget_allowance(max_per_hour: int, seconds_into_hour) -> np.ndarray:
     return np.minimum(max_per_hour, np.ceil(max_per_hour * share - 1e-9)).astype(np.int64)
 
 
-def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, iterations: int = 30,
+def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, passes: int = 4, grid: int = 32,
                     target=None) -> np.ndarray:
     """Labels at which a closed chunk's interval would be down to `delta` if
     every stratum's labels grew by the same factor, with proportions ``p``
     (default: the labels' own, ``h/n``): the smallest total of ``min(t n_k, N_k)`` whose interval
     (`chunk_interval`, closed: the finite population correction and the
-    half-label guard at the larger counts) has a half-width <= delta, by
-    bisection on ``t``.  The same interval as the stopping rule's, so a
+    half-label guard at the larger counts) has a half-width <= delta, searched on
+    ``t`` (the half-width falls as t grows).  The same interval as the stopping rule's, so a
     stratum whose labels all agree counts its guard shrinking as ``1/n``, not
     ``1/sqrt(n)``.  Today's labels where the interval is already narrow
-    enough or has no width yet (fewer than two labels in a stratum)."""
+    enough or has no width yet (fewer than two labels in a stratum).
+
+    The search takes `passes` steps, each evaluating `grid` factors geometrically spaced in
+    the bracket at once (one vectorised interval instead of one per bisection step): 4 x 32
+    narrow the bracket by 2^20, as twenty bisections, in a sixth of their time (the request
+    loop runs it twice per round of a closed chunk)."""
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     h = np.asarray(h, dtype=float)
     p = h / np.maximum(n, 1.0) if p is None else np.asarray(p, dtype=float)
-    grown = lambda t: np.minimum(n * t[..., None], np.maximum(N, n))  # noqa: E731
-    width = lambda t: chunk_interval(N, grown(t), p * grown(t), confidence, True, target).halfwidth  # noqa: E731
-    now = width(np.ones(N.shape[:-1]))
+    N, n, p = np.broadcast_arrays(N, n, p)
+    cap = np.maximum(N, n)
+    grown = lambda t: np.minimum(n[..., None, :] * t[..., None], cap[..., None, :])  # noqa: E731
+
+    def width(t):  # t (..., G): the closed interval's half-width at each factor
+        m = grown(t)
+        full = lambda a: np.broadcast_to(a[..., None, :], m.shape)  # noqa: E731
+        return chunk_interval(full(N), m, full(p) * m, confidence, True, target).halfwidth
+
+    now = width(np.ones(N.shape[:-1] + (1,)))[..., 0]
     lo = np.ones(N.shape[:-1])
     with np.errstate(divide="ignore"):
         hi = np.maximum(np.max(np.where(n > 0, N / np.maximum(n, 1.0), 1.0), axis=-1), 1.0)
-    for _ in range(iterations):
-        mid = np.sqrt(lo * hi)
-        ok = width(mid) <= delta
-        hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+    steps = np.arange(1, grid + 1) / grid
+    for _ in range(passes):
+        cand = lo[..., None] * (hi / lo)[..., None] ** steps  # the last is hi
+        ok = width(cand) <= delta
+        first = np.argmax(ok, axis=-1)  # the smallest factor that is enough (0 where none is)
+        found = ok.any(axis=-1)
+        below = np.take_along_axis(cand, np.maximum(first - 1, 0)[..., None], axis=-1)[..., 0]
+        at = np.take_along_axis(cand, first[..., None], axis=-1)[..., 0]
+        lo = np.where(found & (first > 0), below, np.where(found, lo, hi))
+        hi = np.where(found, at, hi)
     short = np.isfinite(now) & (now > delta)
-    return np.where(short, grown(hi).sum(axis=-1), n.sum(axis=-1))
+    return np.where(short, grown(hi[..., None])[..., 0, :].sum(axis=-1), n.sum(axis=-1))
 
 
 def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, target=None,
