@@ -2,7 +2,7 @@
 keeps (``c:<t>:labelled``: stratum, label and score of each) and the chunk's score histogram,
 read in one round trip and handed to `stats.difference.calibrated_interval` (the switch: the
 plain estimator below ``CALIBRATION_MIN_LABELS`` labels, else the difference estimator while
-its cross-fitted variance beats the plain one's by a margin).
+its cross-fitted variance is no larger than the plain one's).
 
 A label's cross-fitting fold is the parity of its request id's CRC-32 (request ids end in 16
 random bytes): fixed for the label's life, so a chunk's figures do not move between reads,
