@@ -11,8 +11,9 @@ from scipy.special import expit
 
 from stratameter.simulate.populations import builtin
 from stratameter.stats import estimator
-from stratameter.stats.difference import (CALIBRATION_MIN_LABELS, Labelled, Platt, StratumGrid, calibrated_interval,
-                                          cross_fitted, difference_interval, feature, fit_platt, pseudo_outcomes)
+from stratameter.stats.difference import (CALIBRATION_MIN_LABELS, PLATT_RIDGE, Labelled, Platt, StratumGrid,
+                                          calibrated_interval, cross_fitted, difference_interval, feature, fit_platt,
+                                          pseudo_outcomes)
 from stratameter.stats.sketch import ScoreHistogram
 from stratameter.stats.strata import assign, boundaries
 
@@ -26,6 +27,24 @@ def test_platt_fit_recovers_the_calibration_and_stays_finite_when_separable():
     separable = fit_platt(np.array([-2.0, -1.0, 1.0, 2.0]), np.array([0, 0, 1, 1]))
     assert np.isfinite([separable.intercept, separable.slope]).all() and separable.slope > 1.0
     assert fit_platt([], []) == Platt(0.0, 1.0)  # no labels: the identity calibration
+
+
+@pytest.mark.parametrize("ridge", [PLATT_RIDGE, 1.0])
+def test_platt_fit_reaches_the_optimum_where_plain_newton_diverges(ridge):
+    """Labels of one class, or separable ones, at scores far from 0 (a near-perfect model's
+    logits, every label positive): plain Newton steps overshoot and diverge (before step halving:
+    a slope of 894 for separable labels at x ~ 4.8, the identity for all-negative labels at x ~ 5);
+    the fit must reach the penalised optimum, where the gradient is zero."""
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(300):
+        x = rng.normal(rng.uniform(-3, 5), rng.uniform(0.01, 4), rng.integers(2, 400))
+        cases += [(x, (x > np.median(x)).astype(float)), (x, np.ones(x.size)), (x, np.zeros(x.size))]
+    for x, y in cases:
+        g = fit_platt(x, y, ridge)
+        p = expit(g.intercept + g.slope * x)
+        gradient = [(y - p).sum() - ridge * g.intercept, ((y - p) * x).sum() - ridge * (g.slope - 1.0)]
+        assert np.all(np.abs(gradient) < 1e-6 * x.size), (x.mean(), x.std(), y.mean(), g, gradient)
 
 
 def test_feature_is_the_logit_of_a_probability_and_a_margin_as_is():

@@ -51,8 +51,11 @@ CALIBRATION_MIN_LABELS = 100
 #: flat, overconfident: 0 +- 0.05 %, coverage unchanged; README "The score inside the strata").
 CALIBRATION_MARGIN = 1.0
 #: Ridge of the Platt fit toward the identity calibration (a = 0, b = 1), in labels: keeps the
-#: fit finite when the labels are separable and steadies it at small n.
-PLATT_RIDGE = 1.0
+#: fit finite when the labels are separable.  Small, because the identity is far from a steep
+#: model's calibration and the labels say little about the slope where they are all alike: on
+#: `steep` (slope ~6 in the logit) the service's design saved 7.0 % labels at ridge 1, 7.5 % at
+#: 0.1 and 0.01, 5.5 % at 5 (delta 0.02, 300 paired runs); svm-margin the same at 1 and 0.1.
+PLATT_RIDGE = 0.1
 #: Probabilities are clipped this far from 0 and 1 before their logit.
 _EPS = 1e-6
 
@@ -79,18 +82,26 @@ class Platt:
         return expit(self.intercept + self.slope * np.asarray(x, dtype=float))
 
 
-def fit_platt(x, y, ridge: float = PLATT_RIDGE, iterations: int = 50) -> Platt:
+def fit_platt(x, y, ridge: float = PLATT_RIDGE, iterations: int = 100) -> Platt:
     """Maximum penalised likelihood logistic regression of ``y`` on ``x`` (Platt 1999), the
-    penalty ``ridge/2 ((a - 0)^2 + (b - 1)^2)`` pulling toward the identity calibration;
-    Newton's method (the penalised log-likelihood is strictly concave), its 2x2 system solved
-    in closed form (the loop and the request loop fit three calibrations a step).  No labels:
-    identity."""
+    penalty ``ridge/2 ((a - 0)^2 + (b - 1)^2)`` pulling toward the identity calibration.
+
+    Newton's method with step halving (the penalised log-likelihood is strictly concave, and a
+    step is halved until it rises: plain Newton diverges on labels of one class, or separable
+    ones, at scores far from 0), its 2x2 system solved in closed form (the request loop fits
+    three calibrations a step).  No labels: identity."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     if x.size == 0:
         return Platt()
-    a, b = 0.0, 1.0
     sum_y, sum_xy, xx = float(y.sum()), float(x @ y), x * x
+
+    def objective(a: float, b: float) -> float:
+        eta = a + b * x
+        return float(sum_y * a + sum_xy * b - np.logaddexp(0.0, eta).sum()) - ridge / 2 * (a * a + (b - 1.0) ** 2)
+
+    a, b = 0.0, 1.0
+    value = objective(a, b)
     for _ in range(iterations):
         p = expit(a + b * x)
         w = p * (1.0 - p)
@@ -100,7 +111,14 @@ def fit_platt(x, y, ridge: float = PLATT_RIDGE, iterations: int = 50) -> Platt:
         det = h_aa * h_bb - h_ab * h_ab
         step_a = (h_bb * grad_a - h_ab * grad_b) / det
         step_b = (h_aa * grad_b - h_ab * grad_a) / det
-        a, b = a + step_a, b + step_b
+        for _ in range(60):
+            moved = objective(a + step_a, b + step_b)
+            if moved >= value:
+                break
+            step_a, step_b = step_a / 2.0, step_b / 2.0
+        else:
+            break  # no step rises: at the optimum to rounding
+        a, b, value = a + step_a, b + step_b, moved
         if max(abs(step_a), abs(step_b)) < 1e-10:
             break
     return Platt(a, b)
