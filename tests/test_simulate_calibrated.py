@@ -21,8 +21,8 @@ def test_the_calibrated_design_covers_is_unbiased_and_saves_labels_on_steep():
     assert c.coverage_calibrated >= 0.95 - 3 * se, c  # 0.935: fails only on a real loss of coverage
     assert c.coverage_calibrated >= c.coverage_plain - 0.015, c
     assert abs(c.bias_calibrated) < 0.004 and abs(c.bias_plain) < 0.004, c  # estimates' sd ~0.015 / sqrt(2000)
-    assert c.active_at_stop > 0.6, c  # measured 0.775
-    assert c.saving - 3 * c.saving_stderr > 0.02, c  # a saving, not noise (measured 3.8 % ± 0.1)
+    assert c.active_at_stop > 0.6, c  # measured 0.99
+    assert c.saving - 3 * c.saving_stderr > 0.02, c  # a saving, not noise (measured 5.2 % ± 0.1)
     print(c)
 
 
@@ -62,7 +62,8 @@ def test_on_a_slow_stream_the_calibrated_design_covers_and_saves_labels():
     """The service's stream design with the calibration, on chunks whose items arrive while they
     are sampled (`simulate --stream --calibration`): no premature convergence, each chunk judged
     by its own precision; 2000 paired runs on `steep` (delta 0.04, half-hour chunks at one item
-    a second: ~190 labels, the calibration in use from the 100th)."""
+    a second: ~190 labels, the calibration in use from the 100th; measured: 185 labels against 199,
+    -6.7 % ± 0.1, coverage 0.973 against 0.974, every chunk reached delta)."""
     from stratameter.simulate.arrivals import StreamSettings
     from stratameter.simulate.stream_study import StreamStudy, run_calibration_study
 
