@@ -175,6 +175,40 @@ def valid_redis_url(v: str) -> str:
     return v
 
 
+def http_url(v: str | None) -> str | None:
+    """An ``http://`` or ``https://`` URL with a host (None passes: an optional setting left unset)."""
+    if v is None:
+        return None
+    v = v.strip()
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError(f"is not a valid URL: {mask_url(v)!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL with a host, got {mask_url(v)!r}")
+    return v
+
+
+def project_name(v: str) -> str:
+    """A Label Studio project: an id (digits) or a title of 1-50 characters (Label Studio's limit)."""
+    v = v.strip()
+    if not 1 <= len(v) <= 50:
+        raise ValueError(f"must be a project id or a title of 1-50 characters, got {v!r}")
+    return v
+
+
+def choice_list(v: str) -> str:
+    """Two or three distinct names, comma-separated: the choices meaning true, false and (optionally)
+    unsure (the Label Studio bridge's labelling choices)."""
+    names = [n.strip() for n in v.split(",")]
+    if not 2 <= len(names) <= 3 or not all(names) or len(set(names)) != len(names) \
+            or any(len(n) > 100 or any(c in n for c in '<>&"') for n in names):
+        raise ValueError("must be 2 or 3 distinct comma-separated names (the choices meaning true, false and, "
+                         f"optionally, unsure; at most 100 characters each, none of < > & \"), got {v!r}")
+    return ",".join(names)
+
+
 def readable_file(v: Path) -> Path:
     if not (v.is_file() and os.access(v, os.R_OK)):
         raise ValueError(f"is not a readable file: {str(v)!r}")

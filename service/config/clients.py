@@ -72,7 +72,8 @@ class ClientOptions:
 
     def secret_values(self) -> list[str]:
         """The secrets to keep out of every log line: passwords, also the one inside REDIS_URL."""
-        out = [p.get_secret_value() for p in (self.kafka_sasl_password, self.redis_password) if p is not None]
+        out = [p.get_secret_value() for p in (self.kafka_sasl_password, self.redis_password, self.label_studio_token)
+               if p is not None]
         _scheme, _, rest = self.redis_url.partition("://")
         userinfo, at, _host = rest.rpartition("@")
         if at and ":" in userinfo:

@@ -42,15 +42,18 @@ from .checks import (
     ConfigError,
     Mark,
     check,
+    choice_list,
     env_var,
     field_errors,
     finite,
     host_port_list,
+    http_url,
     in_range,
     name_chars,
     nonempty,
     one_of,
     open_interval,
+    project_name,
     metric_list,
     positive,
     readable_file,
@@ -147,6 +150,18 @@ class Settings(ClientOptions, BaseSettings):
     log_level: Annotated[str, one_of(LOG_LEVELS, str.upper)] = "INFO"
     instance_id: Annotated[str, name_chars("the id")] = Field(default_factory=_default_instance_id)
     classifiers_config_file: Path | None = None
+    # the Label Studio bridge (`stratameter bridge label-studio`, README "Reviewing in Label Studio"); the service
+    # ignores these, the bridge also reads the Kafka, Redis and topic settings above
+    label_studio_url: Annotated[str, check(http_url)] = "http://localhost:8080"
+    label_studio_token: Password = None  # required by the bridge: Label Studio's API token
+    label_studio_project: Annotated[str, check(project_name)] = "stratameter"  # an id (digits) or a title; a title not found is created
+    label_studio_choices: Annotated[str, check(choice_list)] = "Positive,Negative,Unsure"  # true, false[, unsure]
+    label_studio_show_score: bool = False  # the classifier's score anchors the reviewer's judgement
+    label_studio_webhook_url: Annotated[str | None, check(http_url)] = None  # the bridge's /webhook as LS reaches it
+    label_studio_poll_seconds: Annotated[float, check(positive)] = 30.0
+    bridge_consumer_group: NonEmpty = "stratameter-bridge-label-studio"
+    bridge_http_host: NonEmpty = "0.0.0.0"
+    bridge_http_port: Annotated[int, in_range(1, 65535)] = 9109
 
     _defaults: BaseModel = PrivateAttr()
     _overrides: dict[str, BaseModel] = PrivateAttr(default_factory=dict)

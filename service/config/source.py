@@ -22,8 +22,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from .checks import ENV_PREFIX, ConfigError, Mark, env_var
 
 #: ``STRATAMETER_*`` variables that are not settings: the embedded backends' binaries (the demo, bench
-#: and tests) and the tests' external backends and markers
-TOOL_VARIABLES = frozenset({"STRATAMETER_TANSU_BIN", "STRATAMETER_REDIS_SERVER"})
+#: and tests; Label Studio's for the bridge's demo and tests) and the tests' external backends and markers
+TOOL_VARIABLES = frozenset({"STRATAMETER_TANSU_BIN", "STRATAMETER_REDIS_SERVER", "STRATAMETER_LABEL_STUDIO_BIN"})
 TOOL_PREFIXES = ("STRATAMETER_TEST_", "STRATAMETER_DEMO_")
 
 #: the mapping `load_settings` reads instead of ``os.environ`` (None: ``os.environ``)

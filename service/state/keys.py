@@ -57,6 +57,17 @@ Service-wide ``<prefix>:{_global}:...``
   labels_unknown      hash   "unknown" -> labels whose request id names no classifier
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic
                              name for `invalid`, "labels-unknown" for `labels_unknown`)
+
+The Label Studio bridge (``stratameter bridge label-studio``, ``service/bridge/``), per Label Studio
+project id ``<p>``; no script touches them, each call names one key:
+  {cid}:ls:<p>:<rid>  string the task of label request `rid`: "claim <instance> <ms> <n>" while a
+                             replica creates it, then "task <id>", then "answered <id> <annotation>";
+                             expires a day after the request's expires_at (at most 31 days from its
+                             arrival), so a replayed request never makes a second task
+  {_global}:ls:<p>:open     zset   task id -> the request's expires_at (ms, at most 31 days ahead):
+                             tasks awaiting an answer (polled; removed when answered or expired)
+  {_global}:ls:<p>:poller   string the replica polling Label Studio this interval (PX lease)
+  {_global}:ls:<p>:polled   string when a poll last completed (ms; the bridge's poll lag)
 """
 
 from __future__ import annotations
@@ -175,6 +186,18 @@ class Keys:
 
     def global_offsets(self, scope: str) -> str:
         return f"{self.global_stem}:offsets:{scope}"
+
+    # ---- the Label Studio bridge (service/bridge/) --------------------------------------
+    def label_studio_request(self, cid: str, project: int, rid: str) -> str:
+        """``<prefix>:{cid}:ls:<project>:<rid>``: the Label Studio task of request `rid` (in the
+        slot of `cid`, the request's `classifier_id`)."""
+        return f"{self.classifier(cid)}:ls:{project}:{rid}"
+
+    def label_studio(self, project: int, what: str) -> str:
+        """``<prefix>:{_global}:ls:<project>:<what>``, `what` one of ``open``, ``poller``, ``polled``."""
+        if what not in ("open", "poller", "polled"):
+            raise ValueError(f"no Label Studio key {what!r}")
+        return f"{self.global_stem}:ls:{project}:{what}"
 
     # ---- the KEYS of the scripts whose keys depend on their arguments (lua/<name>.lua) --
     def ingest_keys(self, cid: str, chunks: Iterable[tuple[str, Iterable[int]]]) -> list[str]:
