@@ -1,4 +1,4 @@
-"""The `stratameter` command: run, simulate, bench, soak, demo, backends."""
+"""The `stratameter` command: run, simulate, bench, soak, demo, backends, bridge."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ SUBCOMMANDS = (
     "stratameter.soak.command",
     "stratameter.demo.command",
     "stratameter.demo.backends",
+    "stratameter.bridge.command",
 )
 
 
