@@ -1,7 +1,9 @@
 # Developer entry points. `make test` is what CI (.ci/run) and the README use.
 #   make venv  - create .venv and install the project with extras [test,plot]
 #                (re-installs only when pyproject.toml is newer than the stamp)
-#   make test  - run the whole test suite
+#   make label-studio - create .venv-label-studio with Label Studio (the bridge's tests and
+#                demo; pinned in service/bridge/local.py; re-installs when that file is newer)
+#   make test  - run the whole test suite (creates both virtualenvs first)
 #   make demo  - run the end-to-end demo (embedded broker + Redis)
 
 SHELL := /bin/bash
@@ -12,8 +14,12 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3 python; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
 	&& { command -v $$p; break; }; done)
 PIP_FLAGS := --disable-pip-version-check --no-input --retries 5 --timeout 60
+# Label Studio in a virtualenv of its own (its pins clash with ours): the Label Studio bridge's tests and demo
+LS_VENV := .venv-label-studio
+LS_STAMP := $(LS_VENV)/.stratameter-installed
+LS_REQUIREMENT := $(shell sed -n 's/^LABEL_STUDIO_REQUIREMENT = "\(.*\)"$$/\1/p' service/bridge/local.py)
 
-.PHONY: venv test demo clean-venv
+.PHONY: venv label-studio test demo clean-venv
 
 venv: $(STAMP)
 
@@ -27,11 +33,24 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,plot]'
 	@touch $(STAMP)
 
-test: venv
+label-studio: $(LS_STAMP)
+
+$(LS_STAMP): service/bridge/local.py
+	@if [ -z "$(LS_REQUIREMENT)" ]; then echo "error: no LABEL_STUDIO_REQUIREMENT in service/bridge/local.py" >&2; exit 1; fi
+	@if [ ! -x $(LS_VENV)/bin/python ] || ! $(LS_VENV)/bin/python -m pip --version >/dev/null 2>&1; then \
+		if [ -z "$(PYTHON)" ]; then echo "error: no python >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; fi; \
+		echo "creating $(LS_VENV) with $(PYTHON)"; \
+		rm -rf $(LS_VENV) && "$(PYTHON)" -m venv $(LS_VENV); \
+	fi
+	$(LS_VENV)/bin/python -m pip install $(PIP_FLAGS) '$(LS_REQUIREMENT)'
+	rm -rf $(LS_VENV)/stratameter-data-template  # the migrated database the tests copy: made again on first use
+	@touch $(LS_STAMP)
+
+test: venv label-studio
 	$(VENV)/bin/python -m pytest -q
 
 demo: venv
 	$(VENV)/bin/stratameter demo
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LS_VENV)
