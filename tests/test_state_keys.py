@@ -29,6 +29,7 @@ from stratameter.ingest.aggregate import build_payload, group_by_classifier
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state import scripts
 from stratameter.state.keys import ingest_chunks
+from stratameter.state.scripts import encode_ingest
 from stratameter.state.store import ChunkCuts, Store
 
 LUA_DIR = Path(scripts.__file__).parent / "lua"
@@ -305,7 +306,7 @@ async def test_ingest_keys_given_by_the_caller_or_read_from_the_payload(store):
                             np.random.default_rng(0))
     assert ingest_chunks(payload) == [("0", [0, 1]), ("1", [0, 1])]
     redis = store.redis
-    raw = orjson.dumps(payload)
+    raw = encode_ingest(payload)
     out = await store.apply_ingest([("c", 0, -1, 5, raw, ingest_chunks(payload)), ("c", 1, -1, 5, raw)])
     assert [(applied, stored) for applied, stored, _, _ in out] == [(True, 5), (True, 5)]
     assert await redis.hget(store.keys.meta("c"), "scores_total") == b"12"
@@ -319,7 +320,7 @@ async def test_hot_pipelines_send_bare_evalsha_and_load_the_scripts_on_noscript(
     batch is applied once, its offset guard advanced once."""
     (recs,) = group_by_classifier(np.arange(3), ["c"] * 3, ["i0", "i1", "i2"], np.array([0.1, 0.6, 0.7]),
                                   np.ones(3, bool), np.zeros(3, np.int64), [None] * 3)
-    payload = orjson.dumps(build_payload(recs, 3600, lambda t: ChunkCuts(np.array([0.5]), 0, False), 64, 0,
+    payload = encode_ingest(build_payload(recs, 3600, lambda t: ChunkCuts(np.array([0.5]), 0, False), 64, 0,
                                          np.random.default_rng(0)))
     redis = store.redis
     async with Monitor(redis_url) as monitor:

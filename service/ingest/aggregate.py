@@ -101,16 +101,19 @@ def _pairs(keys: np.ndarray, counts: np.ndarray) -> list[int]:
 
 #: BITFIELD's offset of each histogram bucket's 32-bit counter (``#p``: the p-th u32), made once:
 #: the grid rotated by half (`state.records.BINS_ROTATION`), so that the string of probabilities
-#: (buckets from 2048 up) starts at its first byte.
-_COUNTER_OFFSET = [f"#{(b + BINS_ROTATION) % BINS}" for b in range(BINS)]
+#: (buckets from 2048 up) starts at its first byte (an object array: indexing it with the buckets
+#: takes a third of the time of a list comprehension).
+_COUNTER_OFFSET = np.array([f"#{(b + BINS_ROTATION) % BINS}" for b in range(BINS)], dtype=object)
 
 
 def _histogram_increments(buckets: np.ndarray, counts: np.ndarray) -> list:
-    """Flat ``["#bucket", count, ...]``: INGEST's BITFIELD INCRBY arguments for the ``bins``
-    counters (`state.keys`)."""
-    out: list = [None] * (2 * buckets.size)
-    out[0::2] = [_COUNTER_OFFSET[b] for b in buckets.tolist()]
-    out[1::2] = counts.tolist()
+    """Flat ``["INCRBY", "u32", "#bucket", count, ...]``: INGEST's BITFIELD arguments for the
+    ``bins`` counters (`state.keys`), ready to pass on (the script builds no table per bucket)."""
+    out: list = [None] * (4 * buckets.size)
+    out[0::4] = ["INCRBY"] * buckets.size
+    out[1::4] = ["u32"] * buckets.size
+    out[2::4] = _COUNTER_OFFSET[buckets].tolist()
+    out[3::4] = counts.tolist()
     return out
 
 
@@ -119,15 +122,33 @@ def member(item_id: str, score: float, context: str | bytes | None) -> str:
     return orjson.dumps({"i": item_id, "s": score, "x": orjson.Fragment(context) if context else None}).decode()
 
 
+def members(item_ids: list[str], scores: list[float], contexts: list) -> list[str]:
+    """`member` of each item, the same text, built in bulk: the ids and scores are JSON-encoded
+    in one orjson call each and split (a JSON string's content never holds ``","``: every quote in
+    it is escaped, and a float's text holds no comma), then each entry is one format.  A third
+    less time than `member` per item, and most of what a reservoir candidate costs the ingestor."""
+    if not item_ids:
+        return []
+    ids = orjson.dumps(item_ids).decode()[2:-2].split('","')
+    texts = orjson.dumps(scores).decode()[1:-1].split(",")
+    return [f'{{"i":"{i}","s":{s},"x":{_context_text(c)}}}' for i, s, c in zip(ids, texts, contexts)]
+
+
+def _context_text(context: str | bytes | None) -> str:
+    if not context:
+        return "null"
+    return context if type(context) is str else bytes(context).decode()
+
+
 def _candidates(recs: ClassifierRecords, sel: np.ndarray, priority: np.ndarray) -> list:
     """Flat ``[priority, member, ...]`` of the records at positions `sel` (Python floats and
     strings, converted from the arrays once rather than per element)."""
     items, contexts = recs.items, recs.contexts
-    members = [member(items[row], s, contexts[row])
-               for row, s in zip(recs.rows[sel].tolist(), recs.score[sel].tolist())]
-    out: list = [None] * (2 * len(members))
+    rows = recs.rows[sel].tolist()
+    entries = members([items[r] for r in rows], recs.score[sel].tolist(), [contexts[r] for r in rows])
+    out: list = [None] * (2 * len(entries))
     out[0::2] = priority[sel].tolist()
-    out[1::2] = members
+    out[1::2] = entries
     return out
 
 

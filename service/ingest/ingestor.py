@@ -33,13 +33,12 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
 
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
-from ..state.keys import negatives_of, owner_of
+from ..state.keys import ingest_chunks, negatives_of, owner_of
+from ..state.scripts import encode_ingest
 from ..state.store import ChunkCuts, Store
-from ..state.keys import ingest_chunks
 from .aggregate import ClassifierRecords, build_payload, chunk_of, group_by_classifier
 
 
@@ -203,7 +202,7 @@ class ScoreIngestor:
                                     cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)),
                                     provisional_cap(cfg.strata, cfg.reservoir_size))
             new = int(r.offsets[-1])
-            calls.append((r, (cid, partition, expected[cid], new, orjson.dumps(payload), ingest_chunks(payload))))
+            calls.append((r, (cid, partition, expected[cid], new, encode_ingest(payload), ingest_chunks(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
             await asyncio.sleep(0)  # see `prepare`
         return calls

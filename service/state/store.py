@@ -24,6 +24,7 @@ from .dispatch import ScriptCalls
 from .keys import UNKNOWN_LABELS_SCOPE, Keys, ingest_chunks, owner_of
 from .reads import Reads
 from .records import ChunkCuts, ChunkState, ReservoirWindow, histogram_counts
+from .scripts import decode_ingest
 
 __all__ = ["ChunkCuts", "ChunkState", "MAX_STRATA", "ReservoirWindow", "Store"]
 
@@ -114,7 +115,7 @@ class Store(Reads, ScriptCalls):
         `cutoffs`: (chunk, stratum, largest priority kept) of the full reservoirs touched."""
         if not calls:
             return []
-        ingests = [(self.keys.ingest_keys(cid, hint[0] if hint else ingest_chunks(orjson.loads(payload))),
+        ingests = [(self.keys.ingest_keys(cid, hint[0] if hint else ingest_chunks(decode_ingest(payload))),
                     [part, expected, new, payload]) for cid, part, expected, new, payload, *hint in calls]
         owners = {owner_of(c[0])[0] for c in calls}  # a classifier's predicted negatives are not a classifier
         due = self._unregistered(owners)

@@ -1,8 +1,9 @@
 -- INGEST: apply one classifier's aggregated score batch from one scores partition.
 -- KEYS: offsets:scores, meta, chunks, then for every chunk of the payload, in its order:
 --   c:<t>:meta, c:<t>:bins, c:<t>:N, c:<t>:pscores, and c:<t>:res:<k> for each entry of its `res`.
--- ARGV: partition, expected stored offset, new offset, payload JSON (ingest.aggregate.build_payload;
--- a chunk's `hist` is flat ["#bucket", count, ...]: BITFIELD INCRBY u32 on c:<t>:bins).
+-- ARGV: partition, expected stored offset, new offset, payload (ingest.aggregate.build_payload as
+-- msgpack, state.scripts.encode_ingest; a chunk's `hist` is flat ["INCRBY", "u32", "#bucket", count,
+-- ...]: BITFIELD's arguments on c:<t>:bins).
 -- Offset guard (compare-and-set): nothing is applied unless the partition's stored offset is the
 -- expected one; then the state changes and the offset advances in this one call.
 -- A reservoir keeps its `res_size` lowest priorities and, beyond them, every member at or
@@ -21,7 +22,7 @@
 local okey, meta, chunks = KEYS[1], KEYS[2], KEYS[3]
 local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
 if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
-local p = cjson.decode(ARGV[4])
+local p = cmsgpack.unpack(ARGV[4])
 local SAMPLE_CAP = p.sample_cap or 1
 local base, at = {}, 4  -- base[i]: the index in KEYS of chunk i's meta
 for i, c in ipairs(p.chunks) do
@@ -62,12 +63,8 @@ for i, c in ipairs(p.chunks) do
   end
   -- the histogram: one BITFIELD per 1000 buckets (measured: a HINCRBY per bucket cost a third of
   -- this script's time with predicted negatives; LUAI_MAXCSTACK bounds what `unpack` may spread)
-  for a = 1, #c.hist, 2000 do
-    local ops = {'OVERFLOW', 'SAT'}
-    for j = a, math.min(a + 1998, #c.hist - 1), 2 do
-      ops[#ops + 1] = 'INCRBY'; ops[#ops + 1] = 'u32'; ops[#ops + 1] = c.hist[j]; ops[#ops + 1] = c.hist[j + 1]
-    end
-    redis.call('BITFIELD', bins, unpack(ops))
+  for a = 1, #c.hist, 4000 do
+    redis.call('BITFIELD', bins, 'OVERFLOW', 'SAT', unpack(c.hist, a, math.min(a + 3999, #c.hist)))
   end
   for j = 1, #c.N, 2 do redis.call('HINCRBY', nkey, c.N[j], c.N[j + 1]) end
   if prov[i] and c.ps then  -- exact scores of a provisional chunk, for RESTRATIFY
