@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--serve-load", type=float, default=0.5, metavar="SHARE",
                    help="with --serve: the score stream during the round trip, as a share of the ingest rate "
                         "measured before (default 0.5; 1 saturates the service)")
+    p.add_argument("--repeat", type=_positive_int, default=1, metavar="N",
+                   help="time every consumer N times on the same records, one after the other in each repeat "
+                        "(fresh consumer groups and keys); rates are the medians, ratios the medians of the "
+                        "per-repeat ratios, and JSON lists every repeat (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(handler=main)
 
@@ -63,7 +67,8 @@ def main(args) -> int:
     try:
         result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
                        seed=args.seed, log=log, all_metrics=args.all_metrics,
-                       redis_cluster=args.redis_cluster, serve=args.serve, serve_load=args.serve_load)
+                       redis_cluster=args.redis_cluster, serve=args.serve, serve_load=args.serve_load,
+                       repeat=args.repeat)
     except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
         print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,11 @@ One run:
    ``memory_at`` records are counted (default: a fifth and a half of them), and at the end, the Redis memory of each
    classifier's keys is measured (``MEMORY USAGE key SAMPLES 0``).
 
+With ``repeat`` > 1, steps 2-4 (and the every-metric and cluster ingests) run that many times
+in turn on the same records, and the rates and ratios reported are medians: one ingest of the
+default bench lasts about two seconds, and on a small machine a neighbour's burst moves a
+single reading by a tenth or more.
+
 Every rate is ``records / (t_last - t_first)`` where ``t_first`` is when the
 consumer's first non-empty ``getmany`` returned: the consumer-group join (tansu
 answers a JoinGroup only after ``session_timeout_ms / 2``) and the connection set-up
@@ -68,10 +73,21 @@ class BenchResult:
     redis_bytes_per_classifier_cluster: int | None = None
     # with `serve`: the whole service over the ingested classifiers (`serve.serve_bench`), per backend
     serve: dict | None = None
+    # with `repeat` > 1: every timed consumer again on the same records, in the same order, that many
+    # times; each rate above is then the median over the repeats and each ratio the median of the
+    # per-repeat ratios.  Per repeat: {"raw", "decode", "service"[, "all_metrics"][, "cluster"]} records/s
+    repeats: list[dict] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
-        return self.service_records_per_s / self.raw_consume_decode_records_per_s
+        return self._median_ratio("service", "decode", self.service_records_per_s / self.raw_consume_decode_records_per_s)
+
+    def _median_ratio(self, num: str, den: str, single: float) -> float:
+        """The median over the repeats of rate `num` / rate `den` (`single` without repeats): a
+        ratio of two rates of the same repeat, so a slow moment of the machine hits both."""
+        if len(self.repeats) < 2:
+            return single
+        return float(np.median([r[num] / r[den] for r in self.repeats]))
 
     def as_json(self) -> dict:
         return {
@@ -93,14 +109,16 @@ class BenchResult:
             "redis_bytes_per_classifier_at": self.memory,
             **({} if self.service_all_metrics_records_per_s is None else {
                 "service_all_metrics_records_per_s": round(self.service_all_metrics_records_per_s),
-                "all_metrics_vs_precision": round(self.service_all_metrics_records_per_s
-                                                  / self.service_records_per_s, 3),
+                "all_metrics_vs_precision": round(self._median_ratio(
+                    "all_metrics", "service", self.service_all_metrics_records_per_s / self.service_records_per_s), 3),
                 "redis_bytes_per_classifier_all_metrics": self.redis_bytes_per_classifier_all_metrics}),
             **({} if self.service_cluster_records_per_s is None else {
                 "service_cluster_records_per_s": round(self.service_cluster_records_per_s),
-                "cluster_vs_single": round(self.service_cluster_records_per_s / self.service_records_per_s, 3),
+                "cluster_vs_single": round(self._median_ratio(
+                    "cluster", "service", self.service_cluster_records_per_s / self.service_records_per_s), 3),
                 "redis_bytes_per_classifier_cluster": self.redis_bytes_per_classifier_cluster}),
             **({} if self.serve is None else {"serve": self.serve}),
+            **({"repeats": [{k: round(v) for k, v in r.items()} for r in self.repeats]} if len(self.repeats) > 1 else {}),
         }
 
 
@@ -212,7 +230,7 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
                     partitions: int = 3, memory_at: list[int] | None = None, seed: int = 0,
                     log: Callable[[str], None] = lambda msg: None, timeout_s: float | None = None,
                     all_metrics: bool = False, redis_cluster: str | None = None, serve: int = 0,
-                    serve_load: float = 0.5) -> BenchResult:
+                    serve_load: float = 0.5, repeat: int = 1) -> BenchResult:
     """One benchmark run against the given Kafka bootstrap servers and Redis URL (with
     `all_metrics`, the service's ingest a second time with every metric enabled; with
     `redis_cluster`, the URL of a Redis Cluster node, once more against that cluster; with `serve`
@@ -226,8 +244,8 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     from ..config import load_settings
     from ..embedded import create_topics
 
-    if records < 1 or classifiers < 1 or partitions < 1:
-        raise ValueError("records, classifiers and partitions must be >= 1")
+    if records < 1 or classifiers < 1 or partitions < 1 or repeat < 1:
+        raise ValueError("records, classifiers, partitions and repeat must be >= 1")
     memory_at = [records // 5, records // 2] if memory_at is None else memory_at
     timeout_s = timeout_s if timeout_s is not None else 120 + records / 2000
     run_id = uuid.uuid4().hex[:10]
@@ -258,45 +276,65 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     stream = [(cids_b[c], v) for c, v in zip(which.tolist(), values)] if serve else []
     del values
 
-    log("bare consumer, raw (no decoding)")
-    raw_s = await bare_consume(kafka, names["scores"], partitions, records, False, max_records, timeout_s)
-    log("bare consumer, orjson.loads per record")
-    decode_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s)
-    log("service ingest path (fresh consumer group)")
     cids = classifier_ids(classifiers)
-    service_s, join_s, snaps = await service_consume(settings, cids, records, memory_at, timeout_s)
-    counted_records = snaps[-1]["records"]
-    every = await _every_metric(env, run_id, cids, records, timeout_s, log) if all_metrics else None
     cluster_env = {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}-cluster",
                    "STRATAMETER_REDIS_KEY_PREFIX": f"bench-{run_id}-cluster",
                    "STRATAMETER_REDIS_URL": redis_cluster or "", "STRATAMETER_REDIS_CLUSTER": "true"}
-    cluster = await _on_cluster(cluster_env, cids, records, timeout_s, log) if redis_cluster else None
+    runs = []
+    for rep in range(repeat):
+        tag = f" (repeat {rep + 1} of {repeat})" if repeat > 1 else ""
+        log("bare consumer, raw (no decoding)" + tag)
+        raw_s = await bare_consume(kafka, names["scores"], partitions, records, False, max_records, timeout_s)
+        log("bare consumer, orjson.loads per record" + tag)
+        decode_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s)
+        log("service ingest path (fresh consumer group)" + tag)
+        fresh = _fresh(env, rep)
+        service_s, join_s, snaps = await service_consume(load_settings(fresh), cids, records,
+                                                         memory_at if rep == 0 else [], timeout_s)
+        every = await _every_metric(fresh, cids, records, timeout_s, log) if all_metrics else None
+        cluster = await _on_cluster(_fresh(cluster_env, rep), cids, records, timeout_s, log) if redis_cluster else None
+        runs.append((raw_s, decode_s, service_s, join_s, snaps, every, cluster))
+    rates = [{"raw": records / r[0], "decode": records / r[1], "service": records / r[2],
+              **({"all_metrics": records / r[5][0]} if all_metrics else {}),
+              **({"cluster": records / r[6][0]} if redis_cluster else {})} for r in runs]
+    median = {k: float(np.median([r[k] for r in rates])) for k in rates[0]}
+    raw_s, decode_s, service_s, join_s, snaps, every, cluster = runs[0]
+    counted_records = min(r[4][-1]["records"] for r in runs)
     backends = {"redis": env, **({"cluster": cluster_env} if redis_cluster else {})}
-    served = await _serve(backends, kafka, names, cids, stream, records / service_s * serve_load, serve, timeout_s,
+    served = await _serve(backends, kafka, names, cids, stream, median["service"] * serve_load, serve, timeout_s,
                           log) if serve else {}
     return BenchResult(
         records=records, classifiers=classifiers, partitions=partitions, batch_max_records=max_records,
-        service_records_per_s=records / service_s, raw_consume_decode_records_per_s=records / decode_s,
-        raw_consume_records_per_s=records / raw_s, service_seconds=service_s, service_join_seconds=join_s,
-        decode_seconds=decode_s, raw_seconds=raw_s, redis_bytes_per_classifier=snaps[-1]["bytes_per_classifier"],
+        service_records_per_s=median["service"], raw_consume_decode_records_per_s=median["decode"],
+        raw_consume_records_per_s=median["raw"], service_seconds=records / median["service"],
+        service_join_seconds=join_s, decode_seconds=records / median["decode"], raw_seconds=records / median["raw"],
+        redis_bytes_per_classifier=snaps[-1]["bytes_per_classifier"],
         records_counted=counted_records, produce_seconds=produce_s, memory=snaps,
-        service_all_metrics_records_per_s=records / every[0] if every else None,
+        service_all_metrics_records_per_s=median["all_metrics"] if all_metrics else None,
         redis_bytes_per_classifier_all_metrics=every[1] if every else None,
-        service_cluster_records_per_s=records / cluster[0] if cluster else None,
+        service_cluster_records_per_s=median["cluster"] if redis_cluster else None,
         redis_bytes_per_classifier_cluster=cluster[1] if cluster else None,
-        serve=served or None,
+        serve=served or None, repeats=rates,
     )
 
 
-async def _every_metric(env: dict, run_id: str, cids: list[str], records: int, timeout_s: float, log
-                        ) -> tuple[float, int]:
+def _fresh(env: dict, rep: int) -> dict:
+    """`env` with the consumer group and key prefix of repeat `rep` (the first keeps its names)."""
+    if rep == 0:
+        return env
+    return {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"{env['STRATAMETER_KAFKA_CONSUMER_GROUP']}-r{rep}",
+            "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-r{rep}"}
+
+
+async def _every_metric(env: dict, cids: list[str], records: int, timeout_s: float, log) -> tuple[float, int]:
     """The service's ingest with every metric enabled (both sides of the threshold kept), on a fresh
-    consumer group and key prefix: (seconds, Redis bytes per classifier at the end)."""
+    consumer group and key prefix (those of `env` with ``-all``): (seconds, Redis bytes per
+    classifier at the end)."""
     from ..config import load_settings
 
     log("service ingest path, every metric (both sides of the threshold; fresh group and keys)")
-    every = load_settings({**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}-all",
-                           "STRATAMETER_REDIS_KEY_PREFIX": f"bench-{run_id}-all",
+    every = load_settings({**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"{env['STRATAMETER_KAFKA_CONSUMER_GROUP']}-all",
+                           "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-all",
                            "STRATAMETER_METRICS": "precision,recall,f1,accuracy"})
     seconds, _, snaps = await service_consume(every, cids, records, [], timeout_s)
     return seconds, snaps[-1]["bytes_per_classifier"]
@@ -327,7 +365,7 @@ async def _on_cluster(cluster_env: dict, cids: list[str], records: int, timeout_
 def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
           redis: str | None = None, memory_at: list[int] | None = None, seed: int = 0,
           log: Callable[[str], None] = lambda msg: None, all_metrics: bool = False,
-          redis_cluster: bool | str = False, serve: int = 0, serve_load: float = 0.5) -> BenchResult:
+          redis_cluster: bool | str = False, serve: int = 0, serve_load: float = 0.5, repeat: int = 1) -> BenchResult:
     """`run_bench` with embedded tansu / Redis for the backends not given (`redis_cluster`: a
     cluster node's URL, or True for a local three-master cluster)."""
     from contextlib import ExitStack
@@ -346,4 +384,4 @@ def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, ka
             redis_cluster = stack.enter_context(EmbeddedRedisCluster()).url
         return asyncio.run(run_bench(kafka, redis, records, classifiers, partitions, memory_at, seed, log,
                                      all_metrics=all_metrics, redis_cluster=redis_cluster or None,
-                                     serve=serve, serve_load=serve_load))
+                                     serve=serve, serve_load=serve_load, repeat=repeat))
