@@ -8,16 +8,21 @@ variable, malformed webhook bodies get 400 and a counter."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import orjson
 import pytest
 
 from stratameter.api.client import http_get, http_json
 from stratameter.bridge.client import LabelStudio
+from stratameter.bridge.local import TOKEN as LOCAL_TOKEN
 from stratameter.bridge.mapping import task_payload
 from stratameter.embedded import find_free_port
 from stratameter.schemas.parse import decode_label_request, label_request_bytes
@@ -333,3 +338,64 @@ async def test_start_fails_clearly_on_a_bad_url_token_project_or_choices(label_s
         assert res.returncode == code, (env, out)
         assert message in out and variable in out, (env, out)
         assert secret not in out
+
+
+async def test_demo_with_label_studio_reviewers(tmp_path):
+    """`stratameter demo --reviewers label-studio` as a person runs it: the demo starts its own Label
+    Studio and bridge, prints the URL and login; the tasks that appear there are labelled (through the
+    API here, as the browser test does through the page), the service folds them, and Ctrl-C stops
+    every process the demo started."""
+    from tests.test_demo import _alive, _env, _tree
+
+    marker = uuid.uuid4().hex
+    err_path = tmp_path / "demo.err"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "stratameter.cli", "demo", "--reviewers", "label-studio",
+                                 "--json", "--rate", "20"], env=_env(marker), stdout=subprocess.PIPE, stderr=err,
+                                stdin=subprocess.DEVNULL)
+    seen: dict = {}
+    try:
+        async def printed():
+            text = err_path.read_text(errors="replace")
+            ls = re.search(r"Label Studio: (http://127\.0\.0\.1:\d+)\s+login (\S+) / (\S+)", text)
+            api = re.search(r"metrics: http://127\.0\.0\.1:(\d+)/metrics", text)
+            assert proc.poll() is None, text
+            return (ls, api) if ls and api else None
+
+        ls_match, api_match = await wait_for(printed, 120, "the demo to print Label Studio's URL and login")
+        url, user = ls_match.group(1), ls_match.group(2)
+        assert user == "reviewer@example.com"
+        seen.update(_tree(marker, proc.pid))
+        ls = LabelStudio(url, LOCAL_TOKEN)
+        try:
+            async def tasks():
+                projects = await ls.projects_titled("stratameter demo")
+                found = await project_tasks(ls, projects[0]["id"]) if projects else []
+                return found if len(found) >= 6 else None
+
+            todo = (await wait_for(tasks, 60, "the demo's label requests to appear as tasks"))[:6]
+            for i, t in enumerate(todo):
+                await annotate(ls, t["id"], "Positive" if i % 2 else "Negative")
+        finally:
+            await ls.aclose()
+
+        async def folded():
+            total = 0
+            for cid in {t["meta"]["classifier_id"] for t in todo}:
+                status, doc = await http_json(int(api_match.group(1)), f"/v1/classifiers/{cid}")
+                total += doc["labels_by_outcome"]["accepted"] if status == 200 else 0
+            return total >= len(todo)
+
+        await wait_for(folded, 30, "the service to fold the six answers")
+        seen.update(_tree(marker, proc.pid))
+        proc.send_signal(signal.SIGINT)
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+        assert proc.returncode == 0, err_path.read_text()
+        summary = json.loads(out.decode().strip().splitlines()[-1])
+        assert sum(row["labels"] for row in summary["classifiers"]) >= 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert any("label-studio" in cmd for cmd in seen.values()) and any("bridge" in cmd for cmd in seen.values())
+    assert not _alive(seen, marker), _alive(seen, marker)

@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -147,12 +146,14 @@ class EmbeddedLabelStudio(ManagedProcess):
             return r.status == 200
 
 
-def wait_until_gone(url: str, timeout: float = 10.0) -> None:
-    """Until nothing answers at `url` (a stopped Label Studio), at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=0.5).close()  # noqa: S310
-        except OSError:
-            return
-        time.sleep(0.1)
+def bridge_env(service_env: dict[str, str], label_studio: EmbeddedLabelStudio, port: int, run_id: str) -> dict[str, str]:
+    """The environment of `stratameter bridge label-studio` beside a service run with `service_env`
+    (same Kafka, Redis and topics) against `label_studio`, its webhook on 127.0.0.1:`port`."""
+    return {**service_env,
+            "STRATAMETER_LABEL_STUDIO_URL": label_studio.url, "STRATAMETER_LABEL_STUDIO_TOKEN": label_studio.token,
+            "STRATAMETER_LABEL_STUDIO_PROJECT": "stratameter demo",
+            "STRATAMETER_LABEL_STUDIO_WEBHOOK_URL": f"http://127.0.0.1:{port}/webhook",
+            "STRATAMETER_LABEL_STUDIO_POLL_SECONDS": "5",
+            "STRATAMETER_BRIDGE_CONSUMER_GROUP": f"stratameter-demo-bridge-{run_id}",
+            "STRATAMETER_BRIDGE_HTTP_HOST": "127.0.0.1", "STRATAMETER_BRIDGE_HTTP_PORT": str(port),
+            "STRATAMETER_INSTANCE_ID": f"bridge-{run_id}"}

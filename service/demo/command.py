@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kafka", metavar="HOST:PORT", help="use this Kafka instead of an embedded broker")
     p.add_argument("--redis", metavar="URL", help="use this Redis instead of an embedded one")
     p.add_argument("--port", type=int, help="HTTP port of the service (default: a free port)")
-    p.add_argument("--chunk-seconds", type=int, default=20, help="chunk length (default 20)")
+    p.add_argument("--chunk-seconds", type=int, help="chunk length (default 20; 300 with --reviewers label-studio)")
     p.add_argument("--rate", type=float, default=100.0, help="scores per second per classifier (default 100)")
     p.add_argument("--delta", type=float, default=0.05, help="target half-width (default 0.05)")
     p.add_argument("--confidence", type=float, default=0.95, help="interval confidence (default 0.95)")
@@ -42,6 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --duration, the scores stop this many seconds (at most a quarter of the run) "
                         "before the end, and the reviewers keep labelling the last chunk (default 10)")
     p.add_argument("--seed", type=int, help="seed of the traffic and the reviewers")
+    p.add_argument("--reviewers", choices=("simulated", "label-studio"), default="simulated",
+                   help="who answers the label requests: simulated reviewers (from the ground truth, default), or "
+                        "you, in a local Label Studio that `stratameter bridge label-studio` connects (Label Studio "
+                        "installed in .venv-label-studio: `make label-studio`); its URL and login are printed, "
+                        "requests wait an hour for an answer")
     p.set_defaults(handler=main)
 
 
@@ -52,8 +57,10 @@ def main(args) -> int:
     from .orchestra import Demo, DemoError, DemoOptions
     from .view import summary_table
 
+    people = args.reviewers == "label-studio"
+    chunk_seconds = args.chunk_seconds if args.chunk_seconds is not None else 300 if people else 20
     for name, value, ok in (("--duration", args.duration, args.duration is None or args.duration > 0),
-                            ("--chunk-seconds", args.chunk_seconds, args.chunk_seconds >= 2),
+                            ("--chunk-seconds", chunk_seconds, chunk_seconds >= 2),
                             ("--rate", args.rate, args.rate > 0),
                             ("--delta", args.delta, 0 < args.delta < 1),
                             ("--confidence", args.confidence, 0 < args.confidence < 1),
@@ -63,8 +70,10 @@ def main(args) -> int:
             print(f"stratameter demo: invalid {name} {value!r}", file=sys.stderr)
             return 2
     opts = DemoOptions(duration=args.duration, json=args.json, kafka=args.kafka, redis=args.redis, port=args.port,
-                       chunk_seconds=args.chunk_seconds, rate=args.rate, delta=args.delta,
-                       confidence=args.confidence, strata=args.strata, settle=args.settle, seed=args.seed)
+                       chunk_seconds=chunk_seconds, rate=args.rate, delta=args.delta,
+                       confidence=args.confidence, strata=args.strata, settle=args.settle, seed=args.seed,
+                       reviewers=args.reviewers, label_timeout=3600.0 if people else 30.0,
+                       round_labels=2 if people else 4)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     # The live view goes to stdout, or with --json to stderr when that is a terminal.
     out = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)

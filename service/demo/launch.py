@@ -59,7 +59,7 @@ def service_env(opts: DemoOptions, bootstrap: str, redis_url: str, port: int, ru
         "STRATAMETER_STRATA": str(opts.strata),
         "STRATAMETER_ROUND_LABELS_PER_STRATUM": str(opts.round_labels),
         "STRATAMETER_MAX_LABELS_PER_HOUR": "1000000",
-        "STRATAMETER_LABEL_TIMEOUT_SECONDS": "30",
+        "STRATAMETER_LABEL_TIMEOUT_SECONDS": repr(opts.label_timeout),
         "STRATAMETER_INSTANCE_ID": f"demo-{run_id}",
         # per-classifier settings (the whole-stream scenarios' METRICS)
         **({"STRATAMETER_CLASSIFIERS_CONFIG_FILE": overrides} if overrides else {}),
@@ -67,18 +67,21 @@ def service_env(opts: DemoOptions, bootstrap: str, redis_url: str, port: int, ru
 
 
 class ServiceProcess:
-    """`stratameter run` in its own session (a Ctrl-C in the terminal reaches only the
-    demo), logging to `log_path`; `failed` once it exited early or never got ready."""
+    """`stratameter run` (or another `command` of the CLI, such as the Label Studio bridge: `what` names
+    it in messages) in its own session (a Ctrl-C in the terminal reaches only the demo), logging to
+    `log_path`; `failed` once it exited early or never got ready."""
 
-    def __init__(self, env: dict[str, str], port: int, log_path: Path, cwd: Path) -> None:
+    def __init__(self, env: dict[str, str], port: int, log_path: Path, cwd: Path,
+                 command: tuple[str, ...] = ("run",), what: str = "the service") -> None:
         self.env, self.port, self.log_path, self.cwd = env, port, log_path, cwd
+        self.command, self.what = command, what
         self.proc: subprocess.Popen | None = None
         self.failed = False
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "stratameter.cli", "run"], stdin=subprocess.DEVNULL, stdout=log,
+                [sys.executable, "-m", "stratameter.cli", *self.command], stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True)
 
     async def wait_ready(self, stop: asyncio.Event, timeout: float = 60.0) -> None:
@@ -86,12 +89,12 @@ class ServiceProcess:
         deadline = time.monotonic() + timeout
         while not stop.is_set():
             if self.proc.poll() is not None:
-                self._fail(f"the service exited with code {self.proc.returncode}")
+                self._fail(f"{self.what} exited with code {self.proc.returncode}")
             with contextlib.suppress(OSError, ValueError, IndexError):
                 if (await http_get(self.port, "/readyz"))[0] == 200:
                     return
             if time.monotonic() > deadline:
-                self._fail(f"the service was not ready after {timeout:.0f}s")
+                self._fail(f"{self.what} was not ready after {timeout:.0f}s")
             await asyncio.sleep(0.2)
 
     def _fail(self, what: str) -> None:

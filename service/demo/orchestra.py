@@ -58,6 +58,8 @@ class DemoOptions:
     skip: float = 0.05
     settle: float = 10.0
     seed: int | None = None
+    reviewers: str = "simulated"  # or "label-studio": people label in a local Label Studio (the bridge)
+    label_timeout: float = 30.0
 
 
 class Demo:
@@ -80,6 +82,8 @@ class Demo:
         self.redis: EmbeddedRedis | None = None
         self.service: ServiceProcess | None = None
         self.service_log = self.workdir / "service.log"
+        self.label_studio = None  # with --reviewers label-studio: EmbeddedLabelStudio, and the bridge
+        self.bridge: ServiceProcess | None = None
         self.producer = None
         self.reviewer = None
         self.answers: set[asyncio.Task] = set()
@@ -117,6 +121,14 @@ class Demo:
         o = self.opts
         bootstrap = o.kafka or os.environ.get("STRATAMETER_KAFKA_BOOTSTRAP_SERVERS") or None
         redis_url = o.redis or os.environ.get("STRATAMETER_REDIS_URL") or None
+        if o.reviewers == "label-studio":  # first: not installed says how to install it, before anything starts
+            from ..bridge.local import EmbeddedLabelStudio
+
+            ls = EmbeddedLabelStudio()
+            self.err.print("starting Label Studio (the very first start takes about 40 s more: its database)")
+            self.label_studio = await start_embedded(ls, "Label Studio", self.err)
+            if self.stop.is_set():
+                return None
         if bootstrap is None:
             self.kafka = await start_embedded(EmbeddedKafka(), "Kafka-protocol broker (tansu)", self.err)
             bootstrap = self.kafka.bootstrap
@@ -142,7 +154,17 @@ class Demo:
         # else: a secured broker of yours; the topics are auto-created if it allows it
         self.service = ServiceProcess(env, self.port, self.service_log, self.workdir)
         self.service.start()
-        await _all_or_none(self.service.wait_ready(self.stop), self._start_clients(settings))
+        waits = [self.service.wait_ready(self.stop), self._start_clients(settings)]
+        if self.label_studio is not None:
+            from ..bridge.local import bridge_env
+
+            bridge_port = find_free_port()
+            self.bridge = ServiceProcess(bridge_env(env, self.label_studio, bridge_port, env["STRATAMETER_INSTANCE_ID"]),
+                                         bridge_port, self.workdir / "bridge.log", self.workdir,
+                                         command=("bridge", "label-studio"), what="the Label Studio bridge")
+            self.bridge.start()
+            waits.append(self.bridge.wait_ready(self.stop))
+        await _all_or_none(*waits)
         return None if self.stop.is_set() else settings
 
     async def _start_clients(self, settings) -> None:
@@ -151,6 +173,8 @@ class Demo:
         kw = settings.kafka_client_kwargs()
         self.producer = AIOKafkaProducer(linger_ms=5, enable_idempotence=False, **kw)
         await self.producer.start()
+        if self.opts.reviewers != "simulated":
+            return
         self.reviewer = await start_group_consumer(
             settings.topic_label_requests, group_id=f"{settings.kafka_consumer_group}-reviewers", **kw)
 
@@ -158,9 +182,14 @@ class Demo:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
         self.err.print(f"metrics: {self.metrics_url}   JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>"
                        f"   service log: {self.service_log}")
+        if self.label_studio is not None:
+            ls = self.label_studio
+            self.err.print(f"Label Studio: {ls.url}   login {ls.user} / {ls.password}   project "
+                           f"{self.bridge.env['STRATAMETER_LABEL_STUDIO_PROJECT']!r}: label the tasks there, the view "
+                           f"follows   bridge log: {self.bridge.log_path}")
         self._plan()
-        return [asyncio.create_task(self._stream()), asyncio.create_task(self._review()),
-                asyncio.create_task(self._poll())]
+        loops = [self._stream(), self._poll()] + ([self._review()] if self.reviewer is not None else [])
+        return [asyncio.create_task(c) for c in loops]
 
     async def _shutdown(self) -> None:
         for t in list(self.answers):
@@ -172,12 +201,14 @@ class Demo:
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.producer.stop(), 10)
+        if self.bridge is not None:
+            await self.bridge.stop()
         if self.service is not None:
             await self.service.stop()
-        for backend in (self.redis, self.kafka):
+        for backend in (self.label_studio, self.redis, self.kafka):
             if backend is not None:
                 await asyncio.to_thread(backend.close)
-        if self.service is None or not self.service.failed:  # the service log is kept when it failed
+        if not any(p is not None and p.failed for p in (self.service, self.bridge)):  # kept when one failed
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- the phases -------------------------------------------------------------------
@@ -263,8 +294,8 @@ class Demo:
                 for item, s, pred in zip(ids, scores.tolist(), predicted.tolist()):
                     await self.producer.send(self.settings.topic_scores, key=key, value=score_record_bytes(
                         sc.classifier, item, s, predicted_positive=pred, event_time=now_ms))
-            # requests of chunks older than this are expired long before: 30 s label timeout
-            self.truth.forget_before(chunk - (60 // o.chunk_seconds + 2))
+            # requests of chunks older than this are expired long before (the label timeout)
+            self.truth.forget_before(chunk - (int(2 * o.label_timeout) // o.chunk_seconds + 2))
             next_t += TICK_S
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
 
@@ -322,7 +353,9 @@ class Demo:
         header = (f"stratameter demo   metrics {self.metrics_url}   {self.phase} {elapsed:.0f}s{total}\n"
                   f"chunks of {o.chunk_seconds}s (UTC), delta {o.delta}, confidence {o.confidence:.0%}, "
                   f"{o.rate:g} scores/s per classifier, scores sent {sum(self.truth.sent.values())}, "
-                  f"labels answered {self.answered}, skipped {self.skipped}{drift}")
+                  + (f"labels answered {self.answered}, skipped {self.skipped}{drift}" if self.label_studio is None else
+                     f"reviewers: you, in Label Studio {self.label_studio.url} (login {self.label_studio.user} / "
+                     f"{self.label_studio.password}){drift}"))
         footer = "\n".join(f"{s.classifier}: {s.description}" for s in SCENARIOS)
         footer += ("\n'truth': the chunk's true value of the metric (precision unless named), 'in' or 'MISS' its "
                    "interval; 'random' (precision of the positives-only classifiers): labels a uniform "
