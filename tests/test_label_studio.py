@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from stratameter.api.client import http_get, http_json
-from stratameter.bridge.client import LabelStudio
+from stratameter.bridge.client import LabelStudio, LabelStudioError
 from stratameter.bridge.local import TOKEN as LOCAL_TOKEN
 from stratameter.bridge.mapping import task_payload
 from stratameter.embedded import find_free_port
@@ -399,3 +399,27 @@ async def test_demo_with_label_studio_reviewers(tmp_path):
             proc.wait()
     assert any("label-studio" in cmd for cmd in seen.values()) and any("bridge" in cmd for cmd in seen.values())
     assert not _alive(seen, marker), _alive(seen, marker)
+
+
+async def test_a_personal_access_token_is_exchanged_and_renewed(label_studio):
+    """Label Studio's default token since 1.18 is a personal access token (a JWT refresh token): the
+    client trades it for an access token and trades again when that one is refused."""
+    legacy = LabelStudio(label_studio.url, label_studio.token)
+    try:
+        pat = (await legacy.call("POST", "/api/token/", json={}))["token"]
+    finally:
+        await legacy.aclose()
+    ls = LabelStudio(label_studio.url, pat)
+    try:
+        assert (await ls.whoami())["email"] == label_studio.user
+        ls._access = "expired.access.token"
+        assert (await ls.whoami())["email"] == label_studio.user
+    finally:
+        await ls.aclose()
+    wrong = LabelStudio(label_studio.url, pat[:-6] + "AAAAAA")
+    try:
+        with pytest.raises(LabelStudioError) as exc:
+            await wrong.whoami()
+        assert exc.value.status == 401
+    finally:
+        await wrong.aclose()
