@@ -93,12 +93,13 @@ def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray
     while True:
         ratio, scale = 1.0, None
         if n.sum():
-            reported, active = streams.chunk_interval(chunk.N, n, h, confidence, closed), False
             if min_labels and n.sum() >= min_labels:
                 idx = np.concatenate(drawn)
                 c = calibrated_interval(chunk.N, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
                                                           folds[idx]), chunk.grid, confidence, closed, min_labels)
                 reported, active, ratio, scale = c.interval, c.active, c.variance_ratio, c.allocation_scale
+            else:
+                reported, active = streams.chunk_interval(chunk.N, n, h, confidence, closed), False
             streak = int(stopping.next_streak(streak, float(reported.halfwidth), delta))
             if streak >= STOP_ROUNDS:
                 return Stop(int(n.sum()), float(reported.estimate), bool(reported.lower <= chunk.truth <= reported.upper),
