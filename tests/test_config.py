@@ -427,7 +427,8 @@ def test_per_classifier_settings_are_derived_from_the_declarations():
         assert (mine.annotation, mine.default, mine.metadata) == (declared.annotation, declared.default,
                                                                   declared.metadata), name
     assert set(PER_CLASSIFIER) >= {"chunk_seconds", "reservoir_size", "history_chunks", "allowed_lateness_seconds"}
-    assert FILE_SECRETS == ("kafka_sasl_username", "kafka_sasl_password", "redis_username", "redis_password")
+    assert FILE_SECRETS == ("kafka_sasl_username", "kafka_sasl_password", "redis_username", "redis_password",
+                            "label_studio_token")
 
 
 def test_metrics_setting_is_checked_and_canonical(tmp_path):

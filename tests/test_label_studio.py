@@ -174,6 +174,7 @@ async def test_answers_come_back_by_polling_when_the_webhook_is_blocked(kafka_bo
         await annotate(run.ls, task["clf/p1"]["id"], None, cancelled=True)
         labels = await read_topic(kafka_bootstrap, run.topics["labels"], unique_name("read"), expect=2, timeout=30)
         assert {x["request_id"]: x["label"] for x in labels} == {"clf/p0": False, "clf/p1": None}
+        assert all(x["labeler_id"] == label_studio.user for x in labels)
         m = await run.metrics()
         assert m[f'{S}answers_total{{outcome="label_false",via="poll"}}'] == 1
         assert m[f'{S}answers_total{{outcome="label_null",via="poll"}}'] == 1

@@ -22,7 +22,8 @@ from stratameter.api.client import http_json
 from tests.harness import running_service, wait_for
 from tests.label_studio_harness import label_studio, running_bridge  # noqa: F401
 
-pytestmark = pytest.mark.integration
+# selenium imports trio, which Hypothesis (a plugin of this suite) warns about on import
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")]
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 #: flags that work on this kind of machine (no GPU, no sandbox as root, no network but localhost)
