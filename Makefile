@@ -2,7 +2,7 @@
 #   make venv  - create .venv and install the project with extras [test,plot]
 #                (re-installs only when pyproject.toml is newer than the stamp)
 #   make label-studio - create .venv-label-studio with Label Studio (the bridge's tests and
-#                demo; pinned in service/bridge/local.py; re-installs when that file is newer)
+#                demo; pinned in service/demo/label_studio.py; re-installs when that file is newer)
 #   make test  - run the whole test suite (creates both virtualenvs first)
 #   make demo  - run the end-to-end demo (embedded broker + Redis)
 
@@ -17,7 +17,7 @@ PIP_FLAGS := --disable-pip-version-check --no-input --retries 5 --timeout 60
 # Label Studio in a virtualenv of its own (its pins clash with ours): the Label Studio bridge's tests and demo
 LS_VENV := .venv-label-studio
 LS_STAMP := $(LS_VENV)/.stratameter-installed
-LS_REQUIREMENT := $(shell sed -n 's/^LABEL_STUDIO_REQUIREMENT = "\(.*\)"$$/\1/p' service/bridge/local.py)
+LS_REQUIREMENT := $(shell sed -n 's/^LABEL_STUDIO_REQUIREMENT = "\(.*\)"$$/\1/p' service/demo/label_studio.py)
 
 .PHONY: venv label-studio test demo clean-venv
 
@@ -35,8 +35,8 @@ $(STAMP): pyproject.toml
 
 label-studio: $(LS_STAMP)
 
-$(LS_STAMP): service/bridge/local.py
-	@if [ -z "$(LS_REQUIREMENT)" ]; then echo "error: no LABEL_STUDIO_REQUIREMENT in service/bridge/local.py" >&2; exit 1; fi
+$(LS_STAMP): service/demo/label_studio.py
+	@if [ -z "$(LS_REQUIREMENT)" ]; then echo "error: no LABEL_STUDIO_REQUIREMENT in service/demo/label_studio.py" >&2; exit 1; fi
 	@if [ ! -x $(LS_VENV)/bin/python ] || ! $(LS_VENV)/bin/python -m pip --version >/dev/null 2>&1; then \
 		if [ -z "$(PYTHON)" ]; then echo "error: no python >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; fi; \
 		echo "creating $(LS_VENV) with $(PYTHON)"; \

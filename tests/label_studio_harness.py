@@ -1,6 +1,6 @@
 """A real Label Studio for the bridge's tests, and the bridge run in-process against it.
 
-* ``label_studio`` (session fixture): `stratameter.bridge.local.EmbeddedLabelStudio` from
+* ``label_studio`` (session fixture): `stratameter.demo.label_studio.EmbeddedLabelStudio` from
   ``.venv-label-studio`` (or ``$STRATAMETER_LABEL_STUDIO_BIN``), started once per test session
   (SQLite in a temp dir copied from a migrated template: about 5 s; the first time ever about 35 s
   more for ``label-studio init``).  Missing, it fails the test with the command that installs it:
@@ -28,7 +28,7 @@ from stratameter.api.client import http_get
 from stratameter.bridge.bridge import Bridge
 from stratameter.bridge.client import LabelStudio
 from stratameter.bridge.http import serve
-from stratameter.bridge.local import EmbeddedLabelStudio, LabelStudioMissing
+from stratameter.demo.label_studio import EmbeddedLabelStudio, LabelStudioMissing
 from stratameter.config import load_settings
 from stratameter.embedded import create_topics, find_free_port
 from stratameter.schemas.parse import label_request_bytes

@@ -22,7 +22,7 @@ import pytest
 
 from stratameter.api.client import http_get, http_json
 from stratameter.bridge.client import LabelStudio, LabelStudioError
-from stratameter.bridge.local import TOKEN as LOCAL_TOKEN
+from stratameter.demo.label_studio import TOKEN as LOCAL_TOKEN
 from stratameter.bridge.mapping import task_payload
 from stratameter.embedded import find_free_port
 from stratameter.schemas.parse import decode_label_request, label_request_bytes

@@ -4,6 +4,6 @@
 annotations come back as labels (README "Reviewing in Label Studio").  Modules: `bridge` (the
 process: requests in, answers out, polling and expiry), `client` (Label Studio's REST API),
 `mapping` (tasks, labelling config, annotations and webhook bodies: pure functions), `http`
-(webhook, metrics, probes), `metrics`, `local` (a throw-away local Label Studio for the demo and
-the tests), `command` (the CLI).
+(webhook, metrics, probes), `metrics`, `command` (the CLI).  A throw-away local Label Studio for the
+demo and the tests: `stratameter.demo.label_studio`.
 """

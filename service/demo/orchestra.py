@@ -122,7 +122,7 @@ class Demo:
         bootstrap = o.kafka or os.environ.get("STRATAMETER_KAFKA_BOOTSTRAP_SERVERS") or None
         redis_url = o.redis or os.environ.get("STRATAMETER_REDIS_URL") or None
         if o.reviewers == "label-studio":  # first: not installed says how to install it, before anything starts
-            from ..bridge.local import EmbeddedLabelStudio
+            from .label_studio import EmbeddedLabelStudio
 
             ls = EmbeddedLabelStudio()
             self.err.print("starting Label Studio (the very first start takes about 40 s more: its database)")
@@ -156,7 +156,7 @@ class Demo:
         self.service.start()
         waits = [self.service.wait_ready(self.stop), self._start_clients(settings)]
         if self.label_studio is not None:
-            from ..bridge.local import bridge_env
+            from .label_studio import bridge_env
 
             bridge_port = find_free_port()
             self.bridge = ServiceProcess(bridge_env(env, self.label_studio, bridge_port, env["STRATAMETER_INSTANCE_ID"]),

@@ -1,6 +1,7 @@
-"""A throw-away Label Studio on this machine, for `stratameter demo --reviewers label-studio` and the tests.
+"""A throw-away Label Studio on this machine, for `stratameter demo --reviewers label-studio` and the tests
+(beside the other local backends the tools start, `stratameter.embedded`).
 
-Label Studio is installed in a virtualenv of its own (about 1 GB, Python 3.10-3.13; its pins clash
+Label Studio is installed in a virtualenv of its own (about 1 GB, Python >= 3.10; its pins clash
 with stratameter's): `LABEL_STUDIO_REQUIREMENT` into ``.venv-label-studio/`` (``make label-studio``;
 CI's ``.ci/run`` does it).  `label_studio_binary` finds it: ``$STRATAMETER_LABEL_STUDIO_BIN``, else
 ``.venv-label-studio/bin/label-studio`` beside the checkout or in the current directory, else
@@ -47,7 +48,7 @@ def label_studio_binary() -> str:
         if not (os.path.isfile(given) and os.access(given, os.X_OK)):
             raise LabelStudioMissing(f"{BIN_VARIABLE}={given!r} is not an executable file; {INSTALL_HINT}")
         return given
-    checkout = Path(__file__).resolve().parents[2]  # service/bridge/local.py -> the checkout (editable install)
+    checkout = Path(__file__).resolve().parents[2]  # service/demo/label_studio.py -> the checkout (editable install)
     for root in dict.fromkeys((checkout, Path.cwd())):
         candidate = root / VENV / "bin" / "label-studio"
         if candidate.is_file() and os.access(candidate, os.X_OK):
