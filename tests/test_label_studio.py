@@ -24,7 +24,7 @@ from stratameter.api.client import http_get, http_json
 from stratameter.bridge.client import LabelStudio, LabelStudioError
 from stratameter.demo.label_studio import TOKEN as LOCAL_TOKEN
 from stratameter.bridge.mapping import task_payload
-from stratameter.embedded import find_free_port
+from stratameter.embedded import create_topics, find_free_port
 from stratameter.schemas.parse import decode_label_request, label_request_bytes
 from stratameter.schemas.times import rfc3339_to_ms
 from tests.harness import read_topic, running_service, wait_for
@@ -424,3 +424,57 @@ async def test_a_personal_access_token_is_exchanged_and_renewed(label_studio):
         assert exc.value.status == 401
     finally:
         await wrong.aclose()
+
+
+async def test_the_bridge_process_serves_and_stops_cleanly_on_sigterm(kafka_bootstrap, redis_url, label_studio,
+                                                                     unique_name, tmp_path):
+    """`stratameter bridge label-studio` as deployed: the token from a file, ready, a request becomes a
+    task, SIGTERM ends it with exit 0 (consumer group left), and the token is in no log line."""
+    topics = {"requests": unique_name("requests"), "labels": unique_name("labels")}
+    await create_topics(kafka_bootstrap, list(topics.values()), partitions=2)
+    token_file = tmp_path / "token"
+    token_file.write_text(label_studio.token + "\n")
+    port, title = find_free_port(), f"sigterm-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATAMETER_")}
+    env.update({f"STRATAMETER_{k}": v for k, v in {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url,
+        "REDIS_KEY_PREFIX": unique_name("br"), "TOPIC_LABEL_REQUESTS": topics["requests"],
+        "TOPIC_LABELS": topics["labels"], "BRIDGE_CONSUMER_GROUP": unique_name("bridge"),
+        "BRIDGE_HTTP_HOST": "127.0.0.1", "BRIDGE_HTTP_PORT": str(port), "LABEL_STUDIO_URL": label_studio.url,
+        "LABEL_STUDIO_TOKEN_FILE": str(token_file), "LABEL_STUDIO_PROJECT": title,
+        "LABEL_STUDIO_WEBHOOK_URL": f"http://127.0.0.1:{port}/webhook", "LOG_LEVEL": "DEBUG"}.items()})
+    log_path = tmp_path / "bridge.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "stratameter.cli", "bridge", "label-studio"], env=env,
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    ls = LabelStudio(label_studio.url, label_studio.token)
+    try:
+        async def ready():
+            assert proc.poll() is None, log_path.read_text()
+            return (await http_json(port, "/readyz"))[0] == 200
+
+        await wait_for(ready, 60, "the bridge to be ready")
+        now = time.time()
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        await producer.send_and_wait(topics["requests"], label_request_bytes("clf/sig", "clf", "item-1", 0.5, 0, now,
+                                                                             now + 600), key=b"clf")
+        await producer.stop()
+        project = (await ls.projects_titled(title))[0]["id"]
+
+        async def tasked():
+            return len(await project_tasks(ls, project)) == 1
+
+        await wait_for(tasked, 30, "the request's task")
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 20)
+    finally:
+        await ls.aclose()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log_path.read_text()
+    assert code == 0, text
+    assert '"msg":"stopped"' in text and label_studio.token not in text

@@ -275,37 +275,58 @@ class Bridge:
 
     # ---- requests in ---------------------------------------------------------------------
     async def consume_forever(self) -> None:
-        """Poll label requests, make their tasks, commit; a batch cut short by a stop is not committed."""
+        """Poll label requests, make their tasks, commit; a batch cut short by a stop is not committed.
+        Nothing a batch holds ends the loop: an unexpected error is logged and the batch replayed."""
         while not self.stopping.is_set():
             try:
-                batch = await self.consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
-            except KafkaError as exc:
-                log.warning("polling label requests failed: %s", describe(exc))
+                if not await self._consume_once():
+                    return
+            except Exception as exc:  # noqa: BLE001 - not committed: the batch comes again
+                log.error("handling a batch of label requests failed; it is read again: %s", describe(exc),
+                          exc_info=True)
                 await self._sleep(1.0)
-                continue
-            records = [r for rs in batch.values() for r in rs]
-            if not records:
-                continue
-            requests = {}
-            for r in records:
                 try:
-                    req = decode_label_request(r.value)
-                except (ValidationError, ValueError) as exc:
-                    self.metrics.requests.labels("invalid").inc()
-                    log.warning("not a label request: %s", _first_error(exc),
-                                extra={"topic": r.topic, "partition": r.partition, "offset": r.offset})
-                    continue
-                if req.request_id in requests:  # a request published twice: one task
-                    self.metrics.requests.labels("task_exists").inc()
-                requests.setdefault(req.request_id, req)
+                    for tp in self.consumer.assignment():  # back to the last committed offsets
+                        committed = await self.consumer.committed(tp)
+                        if committed is not None:
+                            self.consumer.seek(tp, committed)
+                        else:
+                            await self.consumer.seek_to_beginning(tp)
+                except Exception as again:  # noqa: BLE001 - the next poll goes on from where it is
+                    log.warning("rewinding to the committed offsets failed: %s", describe(again))
+
+    async def _consume_once(self) -> bool:
+        """One poll: False when the bridge stopped in the middle of the batch (left uncommitted)."""
+        try:
+            batch = await self.consumer.getmany(timeout_ms=500, max_records=BATCH_RECORDS)
+        except KafkaError as exc:
+            log.warning("polling label requests failed: %s", describe(exc))
+            await self._sleep(1.0)
+            return True
+        records = [r for rs in batch.values() for r in rs]
+        if not records:
+            return True
+        requests = {}
+        for r in records:
             try:
-                await self._make_tasks(list(requests.values()))
-            except Stopped:
-                return
-            try:
-                await self.consumer.commit()
-            except KafkaError as exc:  # a rebalance: the batch is replayed elsewhere, no second task
-                log.warning("committing label-request offsets failed: %s", describe(exc))
+                req = decode_label_request(r.value)
+            except (ValidationError, ValueError, TypeError) as exc:
+                self.metrics.requests.labels("invalid").inc()
+                log.warning("not a label request: %s", _first_error(exc),
+                            extra={"topic": r.topic, "partition": r.partition, "offset": r.offset})
+                continue
+            if req.request_id in requests:  # a request published twice: one task
+                self.metrics.requests.labels("task_exists").inc()
+            requests.setdefault(req.request_id, req)
+        try:
+            await self._make_tasks(list(requests.values()))
+        except Stopped:
+            return False
+        try:
+            await self.consumer.commit()
+        except KafkaError as exc:  # a rebalance: the batch is replayed elsewhere, no second task
+            log.warning("committing label-request offsets failed: %s", describe(exc))
+        return True
 
     async def _make_tasks(self, requests: list) -> None:
         sem = asyncio.Semaphore(CONCURRENCY)
