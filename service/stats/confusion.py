@@ -33,9 +33,10 @@ import numpy as np
 from .estimator import (
     STOPPING_VARIANCE_MARGIN,
     Interval,
+    StratumMoments,
     _as_counts,
-    adaptive_shift,
     half_label_smoothed,
+    shift_of_means,
     stratum_variances,
     wilson_interval,
     wilson_score,
@@ -193,15 +194,31 @@ def ratio_interval(metric: str, N, n, h, positive, confidence: float = 0.95, fpc
     NaN bounds where a non-empty stratum has fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
+    return moments_ratio_interval(metric, N, StratumMoments.of_counts(n, h), h, positive, confidence, fpc)
+
+
+def moments_ratio_interval(metric: str, N, moments: StratumMoments, events, positive, confidence: float = 0.95,
+                           fpc: bool = True) -> Interval:
+    """`ratio_interval` from each stratum's moments of its outcomes: the labels' (`ratio_interval`)
+    or the difference estimator's pseudo-outcomes (`difference.metric_interval`), whose stratum
+    means estimate the same proportions ``p_k``.  The gradient and ``n_eff`` are taken at the
+    guarded means (clipped into (0, 1): a pseudo-outcome's mean may fall outside), the variance is
+    ``sum_k g_k^2`` times each stratum's guarded variance of its mean, and the adaptive-bias shift
+    is applied where the stratum's labels (`events`: its positive labels) hold at least
+    `SHIFT_MIN_EVENTS` of its rarer class."""
+    N = np.asarray(N, dtype=float)
+    n = moments.n
     z = z_value(confidence)
-    p_smooth = half_label_smoothed(n, h)
-    var = linearised_variance(metric, N, n, h, positive, fpc, p_smooth)
-    se = np.sqrt(var)
+    p_smooth = np.clip(moments.guarded_mean, 1e-9, 1.0 - 1e-9)
     g = gradient(metric, N, p_smooth, positive)
-    shift = adaptive_shift(N, n, h, g * g, var, fpc)
-    shift = np.where(np.minimum(h, n - h) >= SHIFT_MIN_EVENTS, shift, 0.0)
-    p_hat = np.clip(h / np.maximum(n, 1.0) + shift, 0.0, 1.0)
-    est = np.where(np.isfinite(plug_in(metric, N, n, h, positive)), value(metric, N, p_hat, positive), np.nan)
+    var = np.sum(np.where(g != 0.0, g * g * moments.variances(N, fpc), 0.0), axis=-1)
+    se = np.sqrt(var)
+    shift = shift_of_means(N, n, p_smooth, moments.spread, g * g, var, fpc)
+    shift = np.where(np.minimum(events, n - events) >= SHIFT_MIN_EVENTS, shift, 0.0)
+    p_hat = np.clip(moments.mean + shift, 0.0, 1.0)
+    missing = ((n == 0) & (N > 0)).any(axis=-1)  # as `plug_in`: NaN where the plain estimate is
+    plain = value(metric, N, np.clip(moments.mean, 0.0, 1.0), positive)
+    est = np.where(missing | ~np.isfinite(plain), np.nan, value(metric, N, p_hat, positive))
     m_smooth = value(metric, N, p_smooth, positive)
     with np.errstate(divide="ignore", invalid="ignore"):
         n_eff = np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN)

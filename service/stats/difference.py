@@ -38,8 +38,8 @@ import numpy as np
 from scipy.special import expit, logit
 
 from .calibration import resolve_kind
-from .estimator import (Interval, _as_counts, shift_of_means, variance_of_mean, weights, wilson_design_effect,
-                        z_value)
+from .confusion import METRICS, moments_ratio_interval
+from .estimator import Interval, StratumMoments, _as_counts, shift_of_means, weights, wilson_design_effect, z_value
 from .sketch import ScoreHistogram, bin_edges_score
 
 #: Labels a classifier's chunk needs before the calibration is used (below: the plain estimator).
@@ -158,6 +158,14 @@ class StratumGrid:
         mid = np.where(share > 0, (part_lo + part_hi) / 2.0, (lo + hi)[None, :] / 2.0)
         return cls(feature(mid, concrete), share * hist.counts[used][None, :])
 
+    @classmethod
+    def stack(cls, grids: list["StratumGrid"]) -> "StratumGrid":
+        """The strata of several grids in order, one grid (both sides of the threshold: the
+        positives' strata, then the negatives'); shorter rows padded with empty buckets."""
+        width = max(g.x.shape[1] for g in grids)
+        pad = lambda a: np.pad(a, ((0, 0), (0, width - a.shape[1])))  # noqa: E731
+        return cls(np.vstack([pad(g.x) for g in grids]), np.vstack([pad(g.counts) for g in grids]))
+
     def means(self, g: Platt) -> np.ndarray:
         """``G_k``: the mean prediction of `g` over each stratum's items (0 for an empty one)."""
         mass = self.counts.sum(axis=1)
@@ -207,32 +215,48 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     and Wilson centre.  With ``z = y`` it is `wilson_interval` on the counts."""
     N = np.asarray(N, dtype=float)
     k = N.shape[-1]
-    n, mean, spread, guarded_mean, guarded_spread = _stratum_moments(k, stratum, z)
-    _as_counts(N, n, np.zeros(k))
+    m = StratumMoments.of_outcomes(k, stratum, z)
+    _as_counts(N, m.n, np.zeros(k))
     W = weights(N)
-    safe_n = np.maximum(n, 2.0)
-    var = np.sum(np.where(W > 0, W**2 * variance_of_mean(N, n, safe_n / (safe_n - 1.0) * guarded_spread, fpc), 0.0))
-    missing = ((n == 0) & (W > 0)).any()
-    pbar = np.clip(guarded_mean, 1e-9, 1.0 - 1e-9)
-    shifted = np.clip(mean + shift_of_means(N, n, pbar, spread, W**2, var, fpc), 0.0, 1.0)
+    var = np.sum(np.where(W > 0, W**2 * m.variances(N, fpc), 0.0))
+    missing = ((m.n == 0) & (W > 0)).any()
+    pbar = np.clip(m.guarded_mean, 1e-9, 1.0 - 1e-9)
+    shifted = np.clip(m.mean + shift_of_means(N, m.n, pbar, m.spread, W**2, var, fpc), 0.0, 1.0)
     est = np.nan if missing else np.sum(W * shifted)
-    return wilson_design_effect(np.asarray(est, dtype=float), var, n.sum(), z_value(confidence))
+    return wilson_design_effect(np.asarray(est, dtype=float), var, m.n.sum(), z_value(confidence))
 
 
-def _stratum_moments(k: int, stratum, z):
-    """Per stratum: labels, mean and spread of `z` (divided by n, as p (1 - p)), and both with
-    the half-label guard (half a label at ``z`` = 1 and at 0)."""
-    z = np.asarray(z, dtype=float)
+def metric_interval(metric: str, N, positive, stratum, z, y, confidence: float = 0.95, fpc: bool = True) -> Interval:
+    """The interval of `metric` (`confusion.METRICS`) from outcomes `z` of the labelled items (one
+    each, in `stratum`; `y` their labels), strata of predicted positives where `positive`: the
+    difference estimator with pseudo-outcomes, `confusion.metric_interval` with ``z = y``.
+
+    Every metric is a function of the stratum proportions ``p_k``, each estimated by its stratum's
+    mean of ``z`` (module docstring), so each keeps the plain estimator's interval with the
+    pseudo-outcomes' moments in place of the labels' (Sarndal et al. 1992, Sec. 6.3; the
+    linearisation of a function of difference estimators, Sec. 6.6 and 5.5):
+
+    * precision: `difference_interval` over the positive strata;
+    * accuracy: `difference_interval` of "the prediction was right", ``z`` on positive strata and
+      ``1 - z`` on negative ones (the difference estimator of ``1 - y`` with prediction ``1 - g``);
+    * recall, F1: `confusion.moments_ratio_interval`, the linearisation variance of the
+      pseudo-outcomes' stratum means."""
+    N = np.asarray(N, dtype=float)
+    positive = np.asarray(positive, dtype=bool)
     stratum = np.asarray(stratum, dtype=int)
-    n = np.bincount(stratum, minlength=k).astype(float)
-    s1 = np.bincount(stratum, weights=z, minlength=k)
-    s2 = np.bincount(stratum, weights=z * z, minlength=k)
-    safe = np.maximum(n, 1.0)
-    mean = s1 / safe
-    spread = np.maximum(s2 / safe - mean * mean, 0.0)
-    guarded_mean = (s1 + 0.5) / (n + 1.0)
-    guarded_spread = np.maximum((s2 + 0.5) / (n + 1.0) - guarded_mean * guarded_mean, 0.0)
-    return n, mean, spread, guarded_mean, guarded_spread
+    z = np.asarray(z, dtype=float)
+    if metric == "precision":
+        renumber = np.cumsum(positive) - 1
+        mine = positive[stratum]
+        return difference_interval(N[positive], renumber[stratum[mine]], z[mine], confidence, fpc)
+    if metric == "accuracy":
+        return difference_interval(N, stratum, np.where(positive[stratum], z, 1.0 - z), confidence, fpc)
+    if metric in ("recall", "f1"):
+        k = N.size
+        events = np.bincount(stratum, weights=np.asarray(y, dtype=float), minlength=k)
+        return moments_ratio_interval(metric, N, StratumMoments.of_outcomes(k, stratum, z), events, positive,
+                                      confidence, fpc)
+    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
 
 
 @dataclass(frozen=True)
@@ -268,18 +292,37 @@ class Calibrated:
 
 def calibrated_interval(N, items: Labelled, grid: StratumGrid, confidence: float = 0.95, fpc: bool = True,
                         min_labels: int = CALIBRATION_MIN_LABELS, margin: float = CALIBRATION_MARGIN) -> Calibrated:
-    """The switch (module docstring): below `min_labels` labels, or with a fold empty, the
-    plain estimator, exactly; above, the difference estimator while its cross-fitted variance
-    is at most `margin` times the plain one's (both guarded, at the same labels)."""
-    plain = difference_interval(N, items.stratum, items.y, confidence, fpc)
+    """Precision's `calibrated_metrics` over strata of predicted positives only."""
+    return calibrated_metrics(N, np.ones(np.asarray(N).shape[-1], dtype=bool), items, grid, ("precision",),
+                              confidence, fpc, min_labels, margin)["precision"]
+
+
+def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics, confidence: float = 0.95,
+                       fpc: bool = True, min_labels: int = CALIBRATION_MIN_LABELS,
+                       margin: float = CALIBRATION_MARGIN) -> dict[str, Calibrated]:
+    """Per enabled metric, the switch (module docstring): below `min_labels` labels, or with a fold
+    empty, the plain estimator (`metric_interval` with ``z = y``: `confusion.metric_interval` to
+    rounding, `tests/test_difference.py`); above, the difference
+    estimator (`metric_interval`) while its cross-fitted variance is at most `margin` times the
+    plain one's (both guarded, at the same labels).  One calibration for every stratum, both sides
+    of the threshold (`positive`): it maps the score to the chance the item is truly positive,
+    whatever the decision, and the grid holds every stratum's items."""
+    N = np.asarray(N, dtype=float)
+    positive = np.asarray(positive, dtype=bool)
+    k = N.shape[-1]
+    plain = {m: metric_interval(m, N, positive, items.stratum, items.y, items.y, confidence, fpc) for m in metrics}
     everything = fit_platt(items.x, items.y)
-    if items.y.size < min_labels or not (items.fold == 0).any() or not (items.fold == 1).any():
-        return Calibrated(plain, plain, None, everything, int(items.y.size), False)
+    labels = int(items.y.size)
+    if labels < min_labels or not (items.fold == 0).any() or not (items.fold == 1).any():
+        return {m: Calibrated(plain[m], plain[m], None, everything, labels, False) for m in metrics}
     z = pseudo_outcomes(items, grid, cross_fitted(items))
-    diff = difference_interval(N, items.stratum, z, confidence, fpc)
-    active = bool(np.isfinite(diff.stderr) and diff.stderr**2 <= margin * plain.stderr**2)
-    k = np.asarray(N).shape[-1]
-    residual, labels = _stratum_moments(k, items.stratum, z)[4], _stratum_moments(k, items.stratum, items.y)[4]
+    residual = StratumMoments.of_outcomes(k, items.stratum, z).guarded_spread
+    spread = StratumMoments.of_outcomes(k, items.stratum, items.y).guarded_spread
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(labels > 0, np.sqrt(residual / np.where(labels > 0, labels, 1.0)), 1.0)
-    return Calibrated(diff if active else plain, plain, diff, everything, int(items.y.size), active, ratio)
+        ratio = np.where(spread > 0, np.sqrt(residual / np.where(spread > 0, spread, 1.0)), 1.0)
+    out = {}
+    for m in metrics:
+        diff = metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
+        active = bool(np.isfinite(diff.stderr) and diff.stderr**2 <= margin * plain[m].stderr**2)
+        out[m] = Calibrated(diff if active else plain[m], plain[m], diff, everything, labels, active, ratio)
+    return out
