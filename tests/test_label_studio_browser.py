@@ -49,30 +49,37 @@ def _browser(profile: str):
 
 
 def _review_in_browser(url: str, user: str, password: str, project: int, task: int, shot: Path) -> None:
-    """Log in, open the task, click "Positive", take the screenshot, Submit, wait until it is saved."""
+    """Log in, open the task, click "Positive", take the screenshot, Submit, wait until it is saved.
+    Label Studio's page re-renders while it loads: each step finds its element again until it holds."""
+    from selenium.common.exceptions import (ElementClickInterceptedException, ElementNotInteractableException,
+                                            NoSuchElementException, StaleElementReferenceException)
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def clicked(how: str, what: str, then):
+        def step(d):
+            d.find_element(how, what).click()
+            return then(d)
+        return step
 
     profile = tempfile.mkdtemp(prefix="stratameter-chromium-")
     driver = _browser(profile)
     try:
-        wait = WebDriverWait(driver, 60)
+        wait = WebDriverWait(driver, 60, poll_frequency=0.2, ignored_exceptions=(
+            NoSuchElementException, StaleElementReferenceException, ElementClickInterceptedException,
+            ElementNotInteractableException))
         driver.get(f"{url}/user/login/")
-        wait.until(ec.presence_of_element_located((By.NAME, "email"))).send_keys(user)
+        wait.until(lambda d: d.find_element(By.NAME, "email")).send_keys(user)
         driver.find_element(By.NAME, "password").send_keys(password)
         driver.find_element(By.CSS_SELECTOR, "button[type=submit], input[type=submit]").click()
         wait.until(lambda d: "/user/login" not in d.current_url)
         driver.get(f"{url}/projects/{project}/data?task={task}")
-        choice = wait.until(ec.element_to_be_clickable((By.XPATH, "//label[.//text()[normalize-space()='Positive']]")))
-        choice.click()
-        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "input[name='Positive']").is_selected())
+        wait.until(clicked(By.XPATH, "//label[.//text()[normalize-space()='Positive']]",
+                           lambda d: d.find_element(By.CSS_SELECTOR, "input[name='Positive']").is_selected()))
         time.sleep(0.3)  # the radio's animation
         driver.save_screenshot(str(shot))
-        submit = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, "button[name='submit']")))
-        submit.click()
-        # once saved, the annotation tab says so and the button turns into "Update"
-        wait.until(ec.presence_of_element_located((By.XPATH, "//button[normalize-space()='Update']")))
+        wait.until(clicked(By.CSS_SELECTOR, "button[name='submit']", lambda d: True))  # clicked once
+        wait.until(lambda d: d.find_element(By.XPATH, "//button[normalize-space()='Update']"))  # saved
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
@@ -115,6 +122,7 @@ async def test_a_reviewer_labels_in_the_browser_and_the_service_counts_it(kafka_
             assert doc["labels"] == 1
             annotated = [t for t in await run.project_tasks() if t["annotations"]]
             assert [t["id"] for t in annotated] == [task["id"]]
+            assert len(annotated[0]["annotations"]) == 1
             result = annotated[0]["annotations"][0]["result"]
             assert result[0]["value"]["choices"] == ["Positive"]
             m = await run.metrics()
