@@ -10,7 +10,7 @@ import numpy as np
 
 from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 
-from ..labels.calibrated import calibration_doc, chunk_calibration
+from ..labels.calibrated import calibration_doc, chunk_calibrations
 from ..state.keys import negatives_of
 from ..state.store import ChunkState, Store
 from ..stats import confusion, streams
@@ -28,7 +28,7 @@ def _num(x) -> float | None:
 
 
 def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None = None,
-               calibration: Calibrated | None = None) -> dict:
+               calibration: dict[str, Calibrated] | None = None) -> dict:
     """Figures of one chunk.  The estimate and interval stay null until every
     non-empty stratum has the two labels an honest variance needs.  An open
     chunk's interval has no finite population correction (its population is
@@ -39,8 +39,9 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     both sides' strata when the classifier samples its predicted negatives
     (`negatives`, whose strata are listed after the positives' with ids from K).
 
-    Precision's interval is the difference estimator's where `calibration` (`chunk_calibration`,
-    with the same finite population correction) is active, and ``calibration`` says so."""
+    A metric's interval (precision's at the top level too) is the difference estimator's where
+    its entry in `calibration` (`chunk_calibrations`, with the same finite population correction)
+    is active, and ``calibration`` says which."""
     chunk_seconds = cfg.chunk_seconds
     closed = is_closed(cs.chunk, cfg, now_s)
     metric_names = cfg.metrics.split(",")
@@ -49,10 +50,10 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]
     metrics = _metrics(sides, metric_names, cfg.confidence, closed)
-    if calibration is not None and calibration.active:
-        top = _interval_doc(calibration.interval)
-        if "precision" in metrics:
-            metrics["precision"] = top
+    active = {m: _interval_doc(c.interval) for m, c in (calibration or {}).items() if c.active}
+    metrics.update({m: doc for m, doc in active.items() if m in metrics})
+    if "precision" in active:
+        top = active["precision"]
     elif "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
         top = metrics["precision"]
     else:
@@ -152,7 +153,10 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     found = [{c.chunk: c for c in await store.chunks(sid, [t for t in wanted if t in set(side_ids)])}
              for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
-    calibrations = {t: await chunk_calibration(store, cid, found[0][t], cfg, is_closed(t, cfg, now_s))
+    # precision too where it is not enabled: the top-level fields describe it
+    wanted_metrics = tuple(dict.fromkeys(["precision", *cfg.metrics.split(",")]))
+    calibrations = {t: await chunk_calibrations(store, [(sid, f.get(t), sid == cid) for sid, f in zip(sides, found)],
+                                                cfg, is_closed(t, cfg, now_s), wanted_metrics)
                     for t in ids[-cfg.chunk_retention:] if t in found[0]}  # older: no histogram kept
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
                          found[1].get(t) if len(found) > 1 else None, calibrations.get(t)) for t in ids]

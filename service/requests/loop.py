@@ -31,7 +31,7 @@ import orjson
 
 from stratameter.schemas.parse import label_request_bytes
 
-from ..labels.calibrated import chunk_calibration
+from ..labels.calibrated import chunk_calibrations
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
@@ -211,12 +211,9 @@ class RequestLoop:
             return 0  # nothing the design looks at has changed since the last step
         final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
         halfwidth = float(streams.chunk_interval(N, n, h, cfg.confidence, closed, target).halfwidth)
-        ratio, scale = 1.0, None  # the reported estimator's variance over the plain one's, its spreads' (rounds)
-        if target is None and lead.positive:  # precision: the difference estimator's where it is used
-            calibrated = await chunk_calibration(self.store, lead.state_id, cs0, lead.cfg, closed)
-            if calibrated is not None and calibrated.active:
-                halfwidth, ratio = float(calibrated.interval.halfwidth), calibrated.variance_ratio
-                scale = calibrated.allocation_scale
+        # the reported estimators' (the difference estimator's where it is used): the widest interval,
+        # its variance over the plain one's and the residual spreads size and allocate the rounds
+        halfwidth, ratio, scale = await self._reported(sides, cfg, closed, target, halfwidth)
         streak, labels = cs0.streak, int(n.sum())
         if pending == 0 and labels > cs0.evaluated_round:  # a round completed with new labels: evaluate once
             streak = int(stopping.next_streak(streak, halfwidth, cfg.delta))
@@ -280,6 +277,23 @@ class RequestLoop:
         await self.publish(records)
         await self.store.mark_published(sd.state_id, issued)
         return len(issued)
+
+    async def _reported(self, sides: list[Side], cfg, closed: bool, target, plain_halfwidth: float
+                        ) -> tuple[float, float, np.ndarray | None]:
+        """(half-width, variance ratio, spread scale) of the chunk's widest reported interval:
+        `plain_halfwidth`, 1 and None unless the difference estimator is reported for some enabled
+        metric (`labels.calibrated.chunk_calibrations`).  The spread scale applies to precision's
+        design only (`streams.plan_requests` allocates other targets on their gradients)."""
+        metrics = ("precision",) if target is None else target.metrics
+        if target is None and not sides[0].positive:
+            return plain_halfwidth, 1.0, None
+        found = await chunk_calibrations(self.store, [(sd.state_id, sd.cs, sd.positive) for sd in sides], cfg, closed,
+                                         metrics)
+        if found is None or not any(c.active for c in found.values()):
+            return plain_halfwidth, 1.0, None
+        widest = max(found.values(), key=lambda c: float(np.nan_to_num(c.interval.halfwidth, nan=np.inf)))
+        halfwidth = float(widest.interval.halfwidth)
+        return halfwidth, widest.variance_ratio, widest.allocation_scale if target is None else None
 
     async def _prior(self, sd: Side) -> np.ndarray:
         """Mean calibrated score per stratum of one side (the allocation's prior), 1/2 where unknown;
