@@ -223,6 +223,29 @@ def test_plan_requests_sends_labels_to_negative_strata_for_recall():
         confusion.Target(("precision",), side)
 
 
+def test_plan_requests_allocates_a_metric_on_the_residual_spread_where_given():
+    """The difference estimator's spread ratios (`difference.Calibrated.allocation_scale`) multiply
+    the metric's allocation scale: the same round, with one stratum's residual spread a tenth of
+    its labels', gives that stratum its allocation times a tenth (before rounding); ones: unchanged."""
+    from stratameter.stats import allocation, streams
+
+    N4 = np.array([300.0, 200.0, 6000.0, 1500.0])
+    side = np.array([True, True, False, False])
+    n, h = np.array([10, 10, 10, 10]), np.array([7, 9, 0, 1])
+    q = np.array([0.7, 0.95, 0.01, 0.06])
+    target = confusion.Target(("recall",), side)
+    args = (N4, n, h, q, np.full(4, 0.01), N4, False, True, False, 0.05, 0.95, 40)
+    _, plain = streams.plan_requests(*args, target=target)
+    _, ones = streams.plan_requests(*args, target=target, spread_scale=np.ones(4))
+    _, cut = streams.plan_requests(*args, target=target, spread_scale=np.array([1.0, 1.0, 0.1, 1.0]))
+    assert ones.tolist() == plain.tolist()
+    scale = confusion.allocation_scale(("recall",), N4, n, h, side)
+    expected = allocation.allocate_opt_track(N4, n, h, q, 40, with_replacement=False,
+                                             scale=scale * np.array([1.0, 1.0, 0.1, 1.0]))
+    assert cut.tolist() == np.maximum(expected, streams.catch_up(N4, n, h, q, 0.05, 0.95, False, target)).tolist()
+    assert cut[2] < plain[2]
+
+
 def test_widest_interval_is_the_widest_metric():
     N4 = np.array([300.0, 200.0, 6000.0, 1500.0])
     side = np.array([True, True, False, False])

@@ -282,8 +282,7 @@ class RequestLoop:
                         ) -> tuple[float, float, np.ndarray | None]:
         """(half-width, variance ratio, spread scale) of the chunk's widest reported interval:
         `plain_halfwidth`, 1 and None unless the difference estimator is reported for some enabled
-        metric (`labels.calibrated.chunk_calibrations`).  The spread scale applies to precision's
-        design only (`streams.plan_requests` allocates other targets on their gradients)."""
+        metric (`labels.calibrated.chunk_calibrations`)."""
         metrics = ("precision",) if target is None else target.metrics
         if target is None and not sides[0].positive:
             return plain_halfwidth, 1.0, None
@@ -293,7 +292,7 @@ class RequestLoop:
             return plain_halfwidth, 1.0, None
         widest = max(found.values(), key=lambda c: float(np.nan_to_num(c.interval.halfwidth, nan=np.inf)))
         halfwidth = float(widest.interval.halfwidth)
-        return halfwidth, widest.variance_ratio, widest.allocation_scale if target is None else None
+        return halfwidth, widest.variance_ratio, widest.allocation_scale
 
     async def _prior(self, sd: Side) -> np.ndarray:
         """Mean calibrated score per stratum of one side (the allocation's prior), 1/2 where unknown;

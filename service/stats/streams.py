@@ -388,8 +388,8 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     each stratum (`threshold_after`).  `variance_ratio` (below 1 where the difference
     estimator is reported, `difference.Calibrated`) scales the labels the
     catch-up and shortfall rounds forecast, and `spread_scale` (per stratum,
-    `difference.Calibrated.allocation_scale`) makes precision's rounds allocate on
-    the residual spread.
+    `difference.Calibrated.allocation_scale`) makes the rounds allocate on the
+    residual spread (for another target, times its metrics' scale).
     """
     N = np.asarray(N, dtype=float)
     flowing = np.asarray(flowing, dtype=bool)[..., None]
@@ -400,8 +400,10 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     # the shortfall's bisections only where a closed chunk plans a round now
     D = shortfall_round(round_labels, N, n, h, q, delta, confidence, np.asarray(closed, dtype=bool) & do_round,
                         target, variance_ratio)
-    scale = spread_scale if target is None or target.is_precision else allocation_scale(target.metrics, N, n, h,
-                                                                                          target.positive)
+    scale = spread_scale
+    if not (target is None or target.is_precision):  # the metrics' gradients, on the residual spread if given
+        scale = allocation_scale(target.metrics, N, n, h, target.positive) * (1.0 if spread_scale is None
+                                                                              else np.asarray(spread_scale))
     want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale)
     want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target, variance_ratio))
     return tau, np.where(do_round[..., None], want, 0)
