@@ -46,9 +46,11 @@ def test_the_command_reports_a_paired_cell_and_refuses_what_does_not_apply(capsy
     assert doc["population"] == "steep" and doc["runs"] == 4 and doc["labels_plain"] > 0
     assert set(doc) >= {"labels_calibrated", "saving", "saving_stderr", "coverage_plain", "coverage_calibrated",
                         "active_at_stop", "bias_plain", "bias_calibrated"}
-    for wrong in (["--metric", "recall"], ["--strata", "8"], ["--budget", "100"], ["--stream", "--strata", "8"]):
+    for wrong in (["--negative-strata", "8"], ["--strata", "8"], ["--budget", "100"], ["--stream", "--strata", "8"]):
         assert main(["simulate", "--calibration", "--builtin", "steep", "--runs", "4", *wrong]) == 2
         assert "does not apply with --calibration" in capsys.readouterr().err
+    assert main(["simulate", "--calibration", "--builtin", "steep", "--runs", "4", "--metric", "recall"]) == 2
+    assert "needs a whole-stream population" in capsys.readouterr().err  # tests/test_simulate_calibrated_metrics.py
     assert main(["simulate", "--stream", "--calibration", "--builtin", "steep", "--delta", "0.05", "--runs", "3",
                  "--chunk-seconds", "600", "--scenario", "slow,burst", "--workers", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

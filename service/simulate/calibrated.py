@@ -7,7 +7,7 @@ rule `stopping.next_streak` with T rounds): items are drawn without replacement 
 order per stratum, each label gets a fold (a fair coin, as the CRC-32 of a random request
 id), and after every round the design evaluates its interval: today's
 (`streams.chunk_interval`), or the one the service reports with the calibration
-(`labels.calibrated`: `difference.calibrated_interval`, with its switch), which also sizes
+(`labels.calibrated`: `difference.calibrated_metrics`, with its switch), which also sizes
 the catch-up and shortfall rounds by its variance ratio (`streams.plan_requests`).  The two
 designs run on common random numbers (the same order of the items in each stratum, the same
 fold per item), so the comparison is paired: the labels each needed and whether its interval
@@ -18,17 +18,20 @@ a cell of 2000 runs takes minutes, not the vectorised engine's seconds."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import resolve_kind, stratum_mean_probability
-from ..stats.difference import CALIBRATION_MIN_LABELS, Labelled, StratumGrid, calibrated_interval, feature
+from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, Target
+from ..stats.difference import CALIBRATION_MIN_LABELS, Labelled, StratumGrid, calibrated_metrics, feature
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import assign, boundaries
 from .parallel import map_in_processes
 from .populations import Population
+from .whole_populations import WholeStream
 
 STRATA = 4
 STOP_ROUNDS = 2
@@ -47,6 +50,36 @@ class Chunk:
     grid: StratumGrid
     prior: np.ndarray
     truth: float
+    metric: str = "precision"
+    positive: np.ndarray | None = None  # per stratum, predicted positive; None: every one (precision's design)
+
+    @property
+    def target(self) -> Target | None:
+        """The design's `confusion.Target` (None: precision's)."""
+        return None if self.positive is None else Target((self.metric,), self.positive)
+
+    @classmethod
+    def of_whole(cls, pop: WholeStream, metric: str, strata: int = STRATA, negative_strata: int = STRATA) -> "Chunk":
+        """The whole stream as one closed chunk with the service's strata on both sides (K `perc` on
+        the predicted positives, K' `DEFAULT_NEGATIVE_STRATIFICATION` on the negatives, after them;
+        an empty side has none), the calibration feature over the whole score range."""
+        pred = pop.predicted_positive
+        kind = resolve_kind("auto", float(pop.scores.min()), float(pop.scores.max()))
+        stratum = np.empty(pop.size, dtype=np.int64)
+        grids, priors, positive, first = [], [], [], 0
+        for side, k, method in ((pred, strata, "perc"), (~pred, negative_strata, DEFAULT_NEGATIVE_STRATIFICATION)):
+            if not side.any():
+                continue
+            hist = ScoreHistogram.from_scores(pop.scores[side])
+            cuts = boundaries(hist, k, method)
+            stratum[side] = first + assign(pop.scores[side], cuts)
+            grids.append(StratumGrid.from_histogram(hist, cuts, kind))
+            priors.append(stratum_mean_probability(hist, cuts, resolve_kind("auto", hist.min, hist.max)))
+            positive.append(np.full(cuts.size + 1, side is pred))
+            first += cuts.size + 1
+        return cls(np.bincount(stratum, minlength=first).astype(float), stratum, feature(pop.scores, kind),
+                   pop.labels.astype(np.int64), [np.flatnonzero(stratum == k) for k in range(first)],
+                   StratumGrid.stack(grids), np.concatenate(priors), pop.truth(metric), metric, np.concatenate(positive))
 
     @classmethod
     def of(cls, pop: Population, strata: int = STRATA) -> "Chunk":
@@ -90,23 +123,26 @@ def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray
     drawn: list[np.ndarray] = []
     streak = 0
     round_labels = allocation.round_size(K, LABELS_PER_STRATUM)
+    target = chunk.target
+    positive = np.ones(K, dtype=bool) if chunk.positive is None else chunk.positive
     while True:
         ratio, scale = 1.0, None
         if n.sum():
             if min_labels and n.sum() >= min_labels:
                 idx = np.concatenate(drawn)
-                c = calibrated_interval(chunk.N, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
-                                                          folds[idx]), chunk.grid, confidence, closed, min_labels)
+                c = calibrated_metrics(chunk.N, positive, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
+                                                                   folds[idx]), chunk.grid, (chunk.metric,),
+                                       confidence, closed, min_labels)[chunk.metric]
                 reported, active, ratio, scale = c.interval, c.active, c.variance_ratio, c.allocation_scale
             else:
-                reported, active = streams.chunk_interval(chunk.N, n, h, confidence, closed), False
+                reported, active = streams.chunk_interval(chunk.N, n, h, confidence, closed, target), False
             streak = int(stopping.next_streak(streak, float(reported.halfwidth), delta))
             if streak >= STOP_ROUNDS:
                 return Stop(int(n.sum()), float(reported.estimate), bool(reported.lower <= chunk.truth <= reported.upper),
                             active)
         _, want = streams.plan_requests(chunk.N, n, h, chunk.prior, np.zeros(K), chunk.N, False, True, False,
-                                        delta, confidence, round_labels, closed=closed, variance_ratio=ratio,
-                                        spread_scale=scale)
+                                        delta, confidence, round_labels, closed=closed, target=target,
+                                        variance_ratio=ratio, spread_scale=scale)
         want = np.minimum(np.asarray(want, dtype=np.int64), chunk.N.astype(np.int64) - n)
         if want.sum() == 0:  # every item labelled: the figure is exact
             return Stop(int(n.sum()), chunk.truth, True, False)
@@ -133,6 +169,7 @@ class Cell:
     bias_calibrated: float
     reached_plain: float = 1.0  # share of runs whose half-width reached delta
     reached_calibrated: float = 1.0
+    metric: str = "precision"
 
     @classmethod
     def of(cls, population: str, delta: float, pairs: list[tuple[Stop, Stop]], truth) -> "Cell":
@@ -157,14 +194,19 @@ class Cell:
 BLOCK_RUNS = 50
 
 
-def cell(pop: Population, delta: float, runs: int, confidence: float = 0.95, seed: int = 0, closed: bool = True,
-         workers: int | None = None) -> Cell:
-    """`runs` paired runs (`run`) on `pop`, in blocks of `BLOCK_RUNS` spread over processes."""
-    chunk = Chunk.of(pop)
+def cell(pop: Population | WholeStream, delta: float, runs: int, confidence: float = 0.95, seed: int = 0,
+         closed: bool = True, workers: int | None = None, metric: str = "precision") -> Cell:
+    """`runs` paired runs (`run`) on `pop`, in blocks of `BLOCK_RUNS` spread over processes: for
+    precision on a `Population` (or a `WholeStream`'s predicted positives, as the service samples
+    them for precision alone), for another `metric` on a `WholeStream` (`Chunk.of_whole`)."""
+    if isinstance(pop, WholeStream):
+        chunk = Chunk.of(pop.positives_only()) if metric == "precision" else Chunk.of_whole(pop, metric)
+    else:
+        chunk = Chunk.of(pop)
     blocks = [(chunk, delta, confidence, [seed, b], min(BLOCK_RUNS, runs - b * BLOCK_RUNS), closed)
               for b in range(-(-runs // BLOCK_RUNS))]
     pairs = [pair for block in map_in_processes(_block, blocks, workers=workers) for pair in block]
-    return Cell.of(pop.name, delta, pairs, chunk.truth)
+    return dataclasses.replace(Cell.of(pop.name, delta, pairs, chunk.truth), metric=chunk.metric)
 
 
 def _block(task) -> list[tuple[Stop, Stop]]:

@@ -150,13 +150,19 @@ def _check(args) -> None:
 
 
 def _main_calibration(args, pop) -> int:
+    """`--calibration`: precision on `pop`'s predicted positives, or with `--metric` another metric
+    on a whole-stream `pop` (strata on both sides of the threshold)."""
     from . import calibrated
 
-    cell = calibrated.cell(pop, args.delta, args.runs, 1.0 - args.alpha, args.seed, workers=args.workers)
+    cell = calibrated.cell(pop, args.delta, args.runs, 1.0 - args.alpha, args.seed, workers=args.workers,
+                           metric=args.metric)
     if args.json:
         print(json.dumps(dataclasses.asdict(cell)))
         return 0
-    print(f"{pop.name} (precision {pop.truth:.4f}), one closed chunk, K = {calibrated.STRATA} perc strata, "
+    truth = pop.truth if args.metric == "precision" else pop.truth(args.metric)
+    sides = (f"K = {calibrated.STRATA} perc strata" if args.metric == "precision" else
+             f"K = K' = {calibrated.STRATA} strata on both sides")
+    print(f"{pop.name} ({args.metric} {truth:.4f}), one closed chunk, {sides}, "
           f"delta={args.delta}, confidence={1.0 - args.alpha:g}, {args.runs} paired runs")
     print(f"{'labels today':>14} {'with calibration':>17} {'saving':>14} {'coverage today / with':>22} "
           f"{'active at stop':>15}")
@@ -216,13 +222,27 @@ def main(args) -> int:
         wrong = [o for o, given in (("--budget", args.budget is not None),
                                     ("--plot", args.plot), ("--methods", args.methods),
                                     ("--stratifications", args.stratifications), ("--strata", args.strata != 4),
-                                    ("--metric", args.metric != "precision"),
+                                    ("--negative-strata", args.negative_strata != 4),
+                                    ("--negative-stratifications", args.negative_stratifications),
+                                    ("--margin-strata", args.margin_strata),
+                                    ("--stream", args.stream and args.metric != "precision"),
                                     ("--interval", args.interval != "wilson"),
                                     ("--without-replacement", args.without_replacement)) if given]
         if wrong:
             print(f"stratameter simulate: error: {wrong[0]} does not apply with --calibration (the service's design: "
-                  f"precision, K = 4 perc strata, the Wilson interval, without replacement)", file=sys.stderr)
+                  f"K = 4 perc strata, K' = 4 on predicted negatives, the Wilson interval, without replacement; "
+                  f"--stream with precision only)", file=sys.stderr)
             return 2
+        if args.metric != "precision":
+            from . import whole_command
+
+            try:
+                _check(args)
+                pop = whole_command.defined_population(args)
+            except ValueError as exc:
+                print(f"stratameter simulate: error: {exc}", file=sys.stderr)
+                return 2
+            return _main_calibration(args, pop)
     if args.metric != "precision":
         from . import whole_command
 

@@ -38,7 +38,7 @@ def _population(args):
     return whole_builtin(name)
 
 
-def _defined(args):
+def defined_population(args):
     """The population, checked to define the metric."""
     pop = _population(args)
     if args.metric not in pop.metrics_defined():
@@ -59,7 +59,7 @@ def _request(args) -> WholeStudyRequest:
         raise ValueError("--interval applies to --metric precision only (recall and F1 use the linearised Wilson)")
     if args.negative_strata < 1:
         raise ValueError("--negative-strata must be >= 1")
-    pop = _defined(args)
+    pop = defined_population(args)
     if args.margin_strata and (args.metric != "accuracy" or pop.threshold is None):
         raise ValueError("--margin-strata needs --metric accuracy on a population with a threshold (strata that "
                          "pool both sides estimate the share of right predictions, not recall or F1)")
@@ -81,7 +81,7 @@ def main(args) -> int:
             if args.negative_stratifications is not None or args.margin_strata:
                 raise ValueError("--negative-stratifications and --margin-strata do not apply with --stream "
                                  "(the default design)")
-            pop = _defined(args)
+            pop = defined_population(args)
         else:
             req = _request(args)
     except ValueError as exc:
