@@ -14,16 +14,17 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis.errors import HypothesisWarning
 
 from stratameter.api.client import http_json
 from tests.harness import running_service, wait_for
 from tests.label_studio_harness import label_studio, running_bridge  # noqa: F401
 
-# selenium imports trio, which Hypothesis (a plugin of this suite) warns about on import
-pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisWarning")]
+pytestmark = pytest.mark.integration
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 #: flags that work on this kind of machine (no GPU, no sandbox as root, no network but localhost)
@@ -110,8 +111,10 @@ async def test_a_reviewer_labels_in_the_browser_and_the_service_counts_it(kafka_
             task = await wait_for(a_task, 60, "a task made from the service's label requests")
             shot = tmp_path / "label-studio.png"
             started = time.monotonic()
-            await asyncio.to_thread(_review_in_browser, label_studio.url, label_studio.user, label_studio.password,
-                                    run.project, task["id"], shot)
+            with warnings.catch_warnings():  # selenium imports trio (in the thread), which Hypothesis warns about
+                warnings.simplefilter("ignore", HypothesisWarning)
+                await asyncio.to_thread(_review_in_browser, label_studio.url, label_studio.user,
+                                        label_studio.password, run.project, task["id"], shot)
             browser_s = time.monotonic() - started
 
             async def counted():
