@@ -172,6 +172,9 @@ def test_chart_bridge_is_off_by_default_and_needs_its_token_secret():
 
 def test_chart_bridge_renders_valid_objects_apart_from_the_service(tmp_path):
     kv = pytest.importorskip("kubernetes_validate", reason="PyPI kubernetes-validate not installed")
+    helm = pytest.importorskip("helm_python")
+    report = helm.lint(CHART, _full(), strict=True)
+    assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
     docs = _render(_full())
     bridge = [d for d in docs if d["metadata"]["name"] == "sm-stratameter-bridge"]
     assert sorted(d["kind"] for d in bridge) == ["Deployment", "Service", "ServiceMonitor"]
