@@ -6,8 +6,8 @@ are upper case; an empty value counts as unset.  The variables, their defaults a
 README "Configuration", held to the declarations by tests/test_config_docs.py.
 
 Every setting is declared once, as a field of `Settings` (`settings.py`) with its check (`checks.py`)
-in its ``Annotated[...]``.  Secrets (`KAFKA_SASL_PASSWORD`, `REDIS_PASSWORD`, and for convenience the
-two user names) may instead come from a mounted file named by the ``*_FILE`` variant
+in its ``Annotated[...]``.  Secrets (`KAFKA_SASL_PASSWORD`, `REDIS_PASSWORD`, the Label Studio bridge's
+`LABEL_STUDIO_TOKEN`, and for convenience the two user names) may instead come from a mounted file named by the ``*_FILE`` variant
 (``STRATAMETER_REDIS_PASSWORD_FILE=/run/secrets/redis``; one trailing newline is dropped; `source.py`).
 Passwords are `SecretStr`: masked in repr, str and `Settings.safe_dict()`, which also masks a password
 inside ``REDIS_URL`` (`clients.py`).
