@@ -64,18 +64,43 @@ async def route(service, method: str, path: str) -> bytes:
 
 
 async def serve(service, host: str, port: int) -> asyncio.base_events.Server:
+    """The service's endpoints on `host`:`port` (a failed request, e.g. Redis down during a
+    scrape, answers 503)."""
+    return await serve_http(lambda method, path, reader, headers: route(service, method, path), host, port,
+                            (503, "state store unavailable"))
+
+
+def request_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """``(method, path without the query, headers by lower-case name)`` of a request head."""
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, *_ = lines[0].split(" ")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    return method, path.split("?", 1)[0], headers
+
+
+async def serve_http(route_request, host: str, port: int, failure: tuple[int, str]) -> asyncio.base_events.Server:
+    """A server of one request per connection: `route_request(method, path, reader, headers)`
+    returns the whole response (it may read a body from `reader`); a request it fails on gets
+    the `failure` status and message, logged, and never stops the server.  A head over
+    `MAX_REQUEST_BYTES`, or not complete within 10 s, gets 400 or a closed connection."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             if len(head) > MAX_REQUEST_BYTES:
-                writer.write(_error(400, "request too large"))
+                writer.write(_error(400, "request head too large"))
             else:
-                method, path, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+                method, path, headers = request_head(head)
                 try:
-                    writer.write(await route(service, method, path))
-                except Exception as exc:  # noqa: BLE001 - e.g. Redis down during a scrape
-                    log.warning("request %s failed: %r", path, exc)
-                    writer.write(_error(503, "state store unavailable"))
+                    writer.write(await route_request(method, path, reader, headers))
+                except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - nothing a request sends stops the server
+                    log.warning("request %s %s failed: %r", method, path, exc)
+                    writer.write(_error(*failure))
             await writer.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,
                 ConnectionError):

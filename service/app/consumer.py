@@ -99,15 +99,20 @@ class KafkaClients:
         return out
 
     async def stop(self) -> None:
-        """Leave the group at once (the SIGTERM handover, see `group`), then close both."""
-        if self.consumer is not None:
-            try:
-                leave_group_on_stop(self.consumer)
-            except Exception:  # pragma: no cover - best effort
-                pass
-            await self.consumer.stop()
-        if self.producer is not None:
-            await self.producer.stop()
+        await stop_clients(self.consumer, self.producer)
+
+
+async def stop_clients(consumer: AIOKafkaConsumer | None, producer: AIOKafkaProducer | None) -> None:
+    """Leave the consumer's group at once (the SIGTERM handover, see `group`), then close both
+    (either may be None: not started)."""
+    if consumer is not None:
+        try:
+            leave_group_on_stop(consumer)
+        except Exception:  # pragma: no cover - best effort
+            pass
+        await consumer.stop()
+    if producer is not None:
+        await producer.stop()
 
 
 async def refresh_lag(consumer: AIOKafkaConsumer, lag: dict[tuple[str, int], int]) -> None:

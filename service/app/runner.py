@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import signal
 import time
 
 from aiokafka import TopicPartition
@@ -124,32 +123,7 @@ class Service:
 async def run(settings: Settings) -> int:
     """Run until SIGTERM/SIGINT: finish the batch in hand, commit, close."""
     from ..api.http import serve
-    from .logs import redact
+    from .lifecycle import run_until_stopped
 
-    redact(settings.secret_values())
-    service = Service(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, service.stopping.set)
-    try:
-        server = await serve(service, settings.http_host, settings.http_port)
-    except OSError as exc:  # a port in use or not ours to bind: one line naming the settings
-        log.error("cannot start: STRATAMETER_HTTP_HOST/STRATAMETER_HTTP_PORT: cannot listen on %s:%d: %s",
-                  settings.http_host, settings.http_port, exc.strerror or exc)
-        return 1
-    try:
-        await service.start()
-    except StartupError as exc:
-        log.error("cannot start: %s", exc)
-        server.close()
-        await service.stop()
-        return 1
-    log.info("stratameter started", extra={"settings": settings.safe_dict()})
-    tasks = service.spawn()
-    await service.stopping.wait()
-    log.info("stopping")
-    await asyncio.gather(*tasks, return_exceptions=True)
-    server.close()
-    await service.stop()
-    log.info("stopped")
-    return 0
+    return await run_until_stopped(Service(settings), settings, serve, "STRATAMETER_HTTP", settings.http_host,
+                                   settings.http_port, lambda: ("stratameter started", {}))

@@ -38,8 +38,7 @@ from redis.exceptions import RedisError
 from stratameter.schemas.parse import decode_label_request, label_record_bytes
 from stratameter.schemas.times import format_time, rfc3339_to_ms
 
-from ..app.consumer import StartupError, describe
-from ..app.group import leave_group_on_stop
+from ..app.consumer import StartupError, describe, stop_clients
 from ..app.probes import PROBE_INTERVAL_S, READY_WINDOW_S, Health, check_redis
 from ..config import ConfigError, Settings, env_var
 from ..state.client import connect
@@ -132,14 +131,7 @@ class Bridge:
         return [asyncio.create_task(c) for c in loops]
 
     async def stop(self) -> None:
-        if self.consumer is not None:
-            try:
-                leave_group_on_stop(self.consumer)
-            except Exception:  # pragma: no cover - best effort
-                pass
-            await self.consumer.stop()
-        if self.producer is not None:
-            await self.producer.stop()
+        await stop_clients(self.consumer, self.producer)
         await self.ls.aclose()
         await self.redis.aclose()
 
@@ -580,37 +572,11 @@ def _first_error(exc: Exception) -> str:
 async def run(settings: Settings) -> int:
     """`stratameter bridge label-studio` until SIGTERM/SIGINT: the batch in hand is finished and
     committed, the consumer leaves its group, exit 0.  Exit 1 when it cannot start."""
-    import signal
-
-    from ..app.logs import redact
+    from ..app.lifecycle import run_until_stopped
     from .http import serve
 
-    redact(settings.secret_values())
     bridge = Bridge(settings)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, bridge.stopping.set)
-    try:
-        server = await serve(bridge, settings.bridge_http_host, settings.bridge_http_port)
-    except OSError as exc:
-        log.error("cannot start: STRATAMETER_BRIDGE_HTTP_HOST/STRATAMETER_BRIDGE_HTTP_PORT: cannot listen on "
-                  "%s:%d: %s", settings.bridge_http_host, settings.bridge_http_port, exc.strerror or exc)
-        await bridge.stop()
-        return 1
-    try:
-        await bridge.start()
-    except StartupError as exc:
-        log.error("cannot start: %s", exc)
-        server.close()
-        await bridge.stop()
-        return 1
-    log.info("stratameter bridge label-studio started", extra={
-        "project": bridge.project_id, "project_title": bridge.project_title, "settings": settings.safe_dict()})
-    tasks = bridge.spawn()
-    await bridge.stopping.wait()
-    log.info("stopping")
-    await asyncio.gather(*tasks, return_exceptions=True)
-    server.close()
-    await bridge.stop()
-    log.info("stopped")
-    return 0
+    return await run_until_stopped(
+        bridge, settings, serve, "STRATAMETER_BRIDGE_HTTP", settings.bridge_http_host, settings.bridge_http_port,
+        lambda: ("stratameter bridge label-studio started",
+                 {"project": bridge.project_id, "project_title": bridge.project_title}), log)

@@ -17,24 +17,13 @@ import logging
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..api.http import MAX_REQUEST_BYTES, _error, _response
+from ..api.http import _error, _response, serve_http
 
 log = logging.getLogger("stratameter.bridge")
 
 #: a webhook body carries the annotation, the task and the project (with its labelling config)
 MAX_WEBHOOK_BYTES = 4 << 20
 WEBHOOK_PATH = "/webhook"
-
-
-def _headers(head: bytes) -> tuple[str, str, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    method, path, *_ = lines[0].split(" ")
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return method, path.split("?", 1)[0], headers
 
 
 async def _webhook(bridge, reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
@@ -69,25 +58,5 @@ async def route(bridge, method: str, path: str, reader: asyncio.StreamReader, he
 
 
 async def serve(bridge, host: str, port: int) -> asyncio.base_events.Server:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            if len(head) > MAX_REQUEST_BYTES:
-                writer.write(_error(400, "request head too large"))
-            else:
-                method, path, headers = _headers(head)
-                try:
-                    writer.write(await route(bridge, method, path, reader, headers))
-                except (asyncio.IncompleteReadError, asyncio.TimeoutError):
-                    raise
-                except Exception as exc:  # noqa: BLE001 - nothing a request sends stops the bridge
-                    log.warning("request %s %s failed: %r", method, path, exc)
-                    writer.write(_error(500, "internal error"))
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError,
-                ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, host, port, limit=MAX_REQUEST_BYTES)
+    return await serve_http(lambda method, path, reader, headers: route(bridge, method, path, reader, headers),
+                            host, port, (500, "internal error"))
