@@ -3,7 +3,7 @@
 #                (re-installs only when pyproject.toml is newer than the stamp)
 #   make label-studio - create .venv-label-studio with Label Studio (the bridge's tests and
 #                demo; pinned in service/demo/label_studio.py; re-installs when that file is newer)
-#   make test  - run the whole test suite (creates both virtualenvs first)
+#   make test  - run the whole test suite, one pytest-xdist worker per core (creates both virtualenvs first)
 #   make demo  - run the end-to-end demo (embedded broker + Redis)
 
 SHELL := /bin/bash
@@ -47,7 +47,7 @@ $(LS_STAMP): service/demo/label_studio.py
 	@touch $(LS_STAMP)
 
 test: venv label-studio
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto
 
 demo: venv
 	$(VENV)/bin/stratameter demo
