@@ -304,7 +304,12 @@ def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics,
     empty, the plain estimator (`metric_interval` with ``z = y``: `confusion.metric_interval` to
     rounding, `tests/test_difference.py`); above, the difference
     estimator (`metric_interval`) while its cross-fitted variance is at most `margin` times the
-    plain one's (both guarded, at the same labels).  One calibration for every stratum, both sides
+    plain one's (both guarded, at the same labels) and its interval is no wider.  The second
+    condition matters near 0 and 1 only: where every label agrees the plain interval is Wilson's
+    on all the labels (`estimator.wilson_design_effect`), narrower than a smaller variance gives
+    the pseudo-outcomes' estimate just inside; without it the design took more labels with the
+    calibration (fraud-rare accuracy at delta 0.02: +3.3 % labels, 2000 paired runs; near-perfect
+    precision saved 1.6 % instead of 3.8 %, 400 paired runs; the other populations unchanged).  One calibration for every stratum, both sides
     of the threshold (`positive`): it maps the score to the chance the item is truly positive,
     whatever the decision, and the grid holds every stratum's items."""
     N = np.asarray(N, dtype=float)
@@ -323,6 +328,7 @@ def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics,
     out = {}
     for m in metrics:
         diff = metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
-        active = bool(np.isfinite(diff.stderr) and diff.stderr**2 <= margin * plain[m].stderr**2)
+        active = bool(np.isfinite(diff.stderr) and diff.stderr**2 <= margin * plain[m].stderr**2
+                      and diff.halfwidth <= plain[m].halfwidth)
         out[m] = Calibrated(diff if active else plain[m], plain[m], diff, everything, labels, active, ratio)
     return out
