@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from stratameter.simulate import populations as P
-from stratameter.simulate import arrivals, stream, stream_study
+from stratameter.simulate import arrivals, stream
 from stratameter.stats import allocation, streams
 
 POP = P.builtin("calibrated")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from stratameter.schemas.messages import LABEL_OUTCOMES as OUTCOMES  # the outcomes of one label record
 from stratameter.schemas.messages import is_classifier_id
 
 from ..state.keys import owner_of

@@ -23,7 +23,6 @@ from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, Target, value
 from ..stats.calibration import resolve_kind, to_probability
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
-from .populations import Population
 
 #: Reviewer delay of the "fast reviewer" (seconds, uniform).
 FAST_REVIEW = (2.0, 10.0)
