@@ -11,7 +11,7 @@ import asyncio
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..labels.folder import OUTCOMES
+from stratameter.schemas.messages import LABEL_OUTCOMES as OUTCOMES  # the outcomes of one label record
 from stratameter.schemas.times import rfc3339_to_ms
 
 from ..api.views import classifier_view
