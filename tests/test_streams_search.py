@@ -29,7 +29,9 @@ def reference_labels_to_reach(N, n, h, delta, confidence, p=None, passes=4, grid
     def width(t):
         m = grown(t)
         full = lambda a: np.broadcast_to(a[..., None, :], m.shape)  # noqa: E731
-        return streams.chunk_interval(full(N), m, full(p) * m, confidence, True, target).halfwidth
+        with np.errstate(invalid="ignore"):  # inf labels: chunk_interval refuses them
+            positives = full(p) * m
+        return streams.chunk_interval(full(N), m, positives, confidence, True, target).halfwidth
 
     now = width(np.ones(N.shape[:-1] + (1,)))[..., 0]
     lo = np.ones(N.shape[:-1])

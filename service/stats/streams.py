@@ -279,7 +279,8 @@ class _ClosedWidths:
     them valid), and nothing the half-width does not need (the standard error)."""
 
     def __init__(self, N, n, p, cap, confidence: float):
-        _as_counts(N, n, p * n)  # what the interval refuses, it refuses at today's counts
+        with np.errstate(invalid="ignore"):  # inf labels: refused by _as_counts, not warned about
+            _as_counts(N, n, p * n)  # what the interval refuses, it refuses at today's counts
         W = weights(N)
         row = lambda a: a[..., None, :]  # noqa: E731  (..., 1, K) against (..., G, K)
         self.n, self.cap, self.p, self.N = row(n), row(cap), row(p), row(N)
