@@ -11,7 +11,7 @@ import asyncio
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from stratameter.schemas.messages import LABEL_OUTCOMES as OUTCOMES  # the outcomes of one label record
+from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
 from ..api.views import classifier_view
@@ -119,7 +119,7 @@ def _add_labels(v: dict, labels: CounterMetricFamily) -> int:
     """The classifier's labels by outcome but `unknown`; returns its `unknown` ones (exported
     summed, under classifier "")."""
     unknown = 0
-    for o in OUTCOMES:
+    for o in LABEL_OUTCOMES:
         if o == "unknown":
             unknown += v["labels_by_outcome"][o]
             continue
