@@ -7,9 +7,11 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratameter.ingest.aggregate import _COUNTER_OFFSET, _histogram_increments, member, members
+from stratameter.ingest.aggregate import (SAMPLE_CAP, ClassifierRecords, _COUNTER_OFFSET, _histogram_increments,
+                                          build_payload, member, members)
 from stratameter.state.records import BINS_ROTATION
 from stratameter.state.scripts import decode_ingest, encode_ingest
+from stratameter.state.store import ChunkCuts
 from stratameter.stats.sketch import BINS
 
 # item ids as the parser admits them: any text of 1-512 characters (no lone surrogates: not UTF-8)
@@ -52,3 +54,38 @@ def test_ingest_payload_round_trips_exactly():
                            "res": [[0, [0.1234567890123456, member("i", 0.3, None)]]],
                            "lo": 5e-324, "hi": 1e300, "lo_s": repr(5e-324), "hi_s": repr(1e300), "v": 2}]}
     assert decode_ingest(encode_ingest(payload)) == payload
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 2**32 - 1), st.integers(1, 40), st.booleans())
+def test_reservoir_candidates_are_each_stratums_lowest_priorities(n, seed, res_size, known):
+    """Per stratum: the records under its cutoff (`known`: a full reservoir's, at most SAMPLE_CAP x the
+    reservoir size), else the batch's `res_size` lowest priorities, each as ``[priority,
+    member(...)]``: what one item at a time gives (the bulk path builds every stratum's in one pass)."""
+    rng = np.random.default_rng(seed)
+    score = rng.random(n)
+    items = [f"it-{i}" for i in range(n)]
+    contexts = [None if i % 3 == 0 else orjson.dumps({"k": i}).decode() for i in range(n)]
+    recs = ClassifierRecords("c", np.arange(n), np.arange(n), items, contexts, score, rng.random(n) < 0.7,
+                             np.full(n, 7_200_000))
+    cuts = np.array([0.3, 0.6, 0.8])
+    cutoff = np.array([0.5, np.inf, 0.9, 0.2]) if known else None
+    payload = build_payload(recs, 3600, lambda t: ChunkCuts(cuts, 1, False), res_size, 0,
+                            np.random.default_rng(seed), (lambda t: cutoff) if known else None)
+    priority = np.random.default_rng(seed).random(n)  # the draw build_payload makes first
+    stratum = np.searchsorted(cuts, score, side="right")
+    expected = []
+    for k in range(cuts.size + 1):
+        rows = [i for i in range(n) if recs.positive[i] and stratum[i] == k]
+        if cutoff is not None:
+            rows = [i for i in rows if priority[i] <= cutoff[k]]
+        limit = SAMPLE_CAP * res_size if cutoff is not None and np.isfinite(cutoff[k]) else res_size
+        if len(rows) > limit:
+            lowest = set(sorted(rows, key=lambda i: priority[i])[:limit])
+            rows = [i for i in rows if i in lowest]
+        if rows:
+            expected.append([k, [x for i in rows for x in (float(priority[i]),
+                                                           member(items[i], float(score[i]), contexts[i]))]])
+    got = payload["chunks"][0]["res"] if payload["chunks"] else []
+    assert [[k, sorted(zip(c[0::2], c[1::2]))] for k, c in got] == \
+        [[k, sorted(zip(c[0::2], c[1::2]))] for k, c in expected]

@@ -131,7 +131,8 @@ def members(item_ids: list[str], scores: list[float], contexts: list) -> list[st
         return []
     ids = orjson.dumps(item_ids).decode()[2:-2].split('","')
     texts = orjson.dumps(scores).decode()[1:-1].split(",")
-    return [f'{{"i":"{i}","s":{s},"x":{_context_text(c)}}}' for i, s, c in zip(ids, texts, contexts)]
+    return [f'{{"i":"{i}","s":{s},"x":{c if c.__class__ is str and c else _context_text(c)}}}'
+            for i, s, c in zip(ids, texts, contexts)]
 
 
 def _context_text(context: str | bytes | None) -> str:
@@ -143,9 +144,9 @@ def _context_text(context: str | bytes | None) -> str:
 def _candidates(recs: ClassifierRecords, sel: np.ndarray, priority: np.ndarray) -> list:
     """Flat ``[priority, member, ...]`` of the records at positions `sel` (Python floats and
     strings, converted from the arrays once rather than per element)."""
-    items, contexts = recs.items, recs.contexts
     rows = recs.rows[sel].tolist()
-    entries = members([items[r] for r in rows], recs.score[sel].tolist(), [contexts[r] for r in rows])
+    entries = members(list(map(recs.items.__getitem__, rows)), recs.score[sel].tolist(),
+                      list(map(recs.contexts.__getitem__, rows)))
     out: list = [None] * (2 * len(entries))
     out[0::2] = priority[sel].tolist()
     out[1::2] = entries
@@ -178,7 +179,7 @@ def _positives_by_chunk(chunks: np.ndarray, positive: np.ndarray) -> list[tuple[
 
 def _reservoir_candidates(recs: ClassifierRecords, sel: np.ndarray, stratum: np.ndarray, priority: np.ndarray,
                           cut: np.ndarray | None, reservoir_size: int) -> list:
-    """``[[k, [priority, member, ...]], ...]``: per stratum, in record order, the records at
+    """``[[k, [priority, member, ...]], ...]``: per stratum (in stratum order), the records at
     `sel` that can still enter its reservoir.  Where the cutoff of a full reservoir is known
     (`cut`, inf where not), every record under it, at most SAMPLE_CAP x `reservoir_size`
     (those above the reservoir's largest priority are under the stratum's threshold, INGEST);
@@ -193,13 +194,22 @@ def _reservoir_candidates(recs: ClassifierRecords, sel: np.ndarray, stratum: np.
     order = np.argsort(stratum, kind="stable")
     counts = np.bincount(stratum)
     ends = np.cumsum(counts)
-    out = []
+    strata, parts = [], []
     for k in np.flatnonzero(counts).tolist():
         in_k = sel[order[ends[k] - counts[k]:ends[k]]]
         limit = SAMPLE_CAP * reservoir_size if k < known.size and known[k] else reservoir_size
         if in_k.size > limit:
             in_k = in_k[np.argpartition(priority[in_k], limit - 1)[:limit]]
-        out.append([k, _candidates(recs, in_k, priority)])
+        strata.append(k)
+        parts.append(in_k)
+    if not strata:
+        return []
+    # one `_candidates` for every stratum, then cut per stratum: its fixed cost is paid once a call
+    flat = _candidates(recs, np.concatenate(parts), priority)
+    out, at = [], 0
+    for k, in_k in zip(strata, parts):
+        out.append([k, flat[at:at + 2 * in_k.size]])
+        at += 2 * in_k.size
     return out
 
 

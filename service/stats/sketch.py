@@ -49,8 +49,9 @@ def bin_index(scores: np.ndarray) -> np.ndarray:
     by one bucket where ``u + 1`` rounds, e.g. for tiny negative scores, which
     would put a score outside its bucket's edges and break strata built on them.)
     """
-    idx = np.searchsorted(_EDGES, np.asarray(scores, dtype=float), side="right") - 1
-    return np.clip(idx, 0, BINS - 1).astype(np.int64)
+    idx = np.searchsorted(_EDGES, np.asarray(scores, dtype=float), side="right").astype(np.int64, copy=False)
+    idx -= 1  # >= 0: the first edge is -inf, so the search never answers 0
+    return np.minimum(idx, BINS - 1, out=idx)  # +inf and NaN land after the last edge (np.clip: 4x slower)
 
 
 def bin_edges_score() -> np.ndarray:
