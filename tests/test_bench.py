@@ -59,6 +59,15 @@ async def test_bench_with_every_metric_counts_every_record_once(kafka_bootstrap,
     assert doc["ratio"] == pytest.approx(np.median([r["service"] / r["decode"] for r in reps]), rel=1e-2, abs=5e-4)
     # the negatives' strata and reservoirs live under the classifier's keys: more bytes
     assert doc["redis_bytes_per_classifier_all_metrics"] > doc["redis_bytes_per_classifier"]
+    # the work behind the rates: CPU per record of this process and of Redis, per ingest and repeat
+    assert len(result.cpu) == 3 and all(set(c) == {"service", "all_metrics"} for c in result.cpu)
+    cpu = doc["cpu_us_per_record"]
+    assert cpu["service"]["python"] > 0 and cpu["service"]["redis"] > 0
+    assert cpu["all_metrics"]["redis"] > cpu["service"]["redis"]  # twice the reservoirs and histograms
+    assert cpu["service"]["python"] == pytest.approx(
+        np.median([c["service"]["python"] for c in result.cpu]) * 1e6 / 3000, abs=1e-3)
+    assert doc["all_metrics_vs_precision_cpu"] == pytest.approx(np.median(
+        [sum(c["service"].values()) / sum(c["all_metrics"].values()) for c in result.cpu]), abs=1e-3)
 
 
 def test_bench_rejects_a_bad_record_count(capsys):

@@ -120,5 +120,11 @@ def _table(doc: dict) -> None:
                       f"trip p50 {doc_serve['label_round_trip_ms_p50']:.0f} ms, p99 "
                       f"{doc_serve['label_round_trip_ms_p99']:.0f} ms over {doc_serve['label_round_trips']:,} answers, "
                       f"scores streaming at {doc_serve['stream_records_per_s']:,} records/s")
+    for ingest, cpu in doc.get("cpu_us_per_record", {}).items():
+        redis = "" if cpu["redis"] is None else f", Redis {cpu['redis']:.2f}"
+        console.print(f"CPU per record, {ingest}: this process {cpu['python']:.2f} us{redis}")
+    if "all_metrics_vs_precision_cpu" in doc:
+        console.print(f"CPU per record (both processes), precision alone against every metric: "
+                      f"{doc['all_metrics_vs_precision_cpu']:.3f}")
     console.print(f"service group join (excluded): {doc['service_join_seconds']:.2f} s; "
                   f"records counted in Redis: {doc['records_counted']:,}")

@@ -77,6 +77,9 @@ class BenchResult:
     # times; each rate above is then the median over the repeats and each ratio the median of the
     # per-repeat ratios.  Per repeat: {"raw", "decode", "service"[, "all_metrics"][, "cluster"]} records/s
     repeats: list[dict] = field(default_factory=list)
+    # per repeat, per service ingest ("service"[, "all_metrics"][, "cluster"]): its CPU seconds
+    # (`ingest.service_consume`: {"python", "redis"}), the work behind each rate above
+    cpu: list[dict] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -119,7 +122,28 @@ class BenchResult:
                 "redis_bytes_per_classifier_cluster": self.redis_bytes_per_classifier_cluster}),
             **({} if self.serve is None else {"serve": self.serve}),
             **({"repeats": [{k: round(v) for k, v in r.items()} for r in self.repeats]} if len(self.repeats) > 1 else {}),
+            **self._cpu_json(),
         }
+
+    def _cpu_json(self) -> dict:
+        """``cpu_us_per_record``: per ingest, the median over the repeats of this process's and
+        Redis's CPU microseconds per record; ``all_metrics_vs_precision_cpu``: the median of the
+        per-repeat ratios of precision's CPU (both processes) per record to every metric's, the
+        cost ratio behind ``all_metrics_vs_precision`` without the machine's scheduling noise."""
+        if not self.cpu:
+            return {}
+        per_record = {
+            ingest: {side: (None if any(c[ingest][side] is None for c in self.cpu) else
+                            round(float(np.median([c[ingest][side] for c in self.cpu])) * 1e6 / self.records, 3))
+                     for side in ("python", "redis")}
+            for ingest in self.cpu[0]}
+        out: dict = {"cpu_us_per_record": per_record}
+        if "all_metrics" in self.cpu[0] and per_record["service"]["redis"] is not None:
+            def total(c: dict) -> float:
+                return c["python"] + c["redis"]
+            out["all_metrics_vs_precision_cpu"] = round(float(np.median(
+                [total(c["service"]) / total(c["all_metrics"]) for c in self.cpu])), 3)
+        return out
 
 
 # --------------------------------------------------------------------------- records
@@ -280,7 +304,7 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     cluster_env = {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}-cluster",
                    "STRATAMETER_REDIS_KEY_PREFIX": f"bench-{run_id}-cluster",
                    "STRATAMETER_REDIS_URL": redis_cluster or "", "STRATAMETER_REDIS_CLUSTER": "true"}
-    runs = []
+    runs, cpus = [], []
     for rep in range(repeat):
         tag = f" (repeat {rep + 1} of {repeat})" if repeat > 1 else ""
         log("bare consumer, raw (no decoding)" + tag)
@@ -289,11 +313,13 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
         decode_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s)
         log("service ingest path (fresh consumer group)" + tag)
         fresh = _fresh(env, rep)
-        service_s, join_s, snaps = await service_consume(load_settings(fresh), cids, records,
-                                                         memory_at if rep == 0 else [], timeout_s)
+        service_s, join_s, snaps, cpu = await service_consume(load_settings(fresh), cids, records,
+                                                              memory_at if rep == 0 else [], timeout_s)
         every = await _every_metric(fresh, cids, records, timeout_s, log) if all_metrics else None
         cluster = await _on_cluster(_fresh(cluster_env, rep), cids, records, timeout_s, log) if redis_cluster else None
         runs.append((raw_s, decode_s, service_s, join_s, snaps, every, cluster))
+        cpus.append({"service": cpu, **({"all_metrics": every[2]} if every else {}),
+                     **({"cluster": cluster[2]} if cluster else {})})
     rates = [{"raw": records / r[0], "decode": records / r[1], "service": records / r[2],
               **({"all_metrics": records / r[5][0]} if all_metrics else {}),
               **({"cluster": records / r[6][0]} if redis_cluster else {})} for r in runs]
@@ -314,7 +340,7 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
         redis_bytes_per_classifier_all_metrics=every[1] if every else None,
         service_cluster_records_per_s=median["cluster"] if redis_cluster else None,
         redis_bytes_per_classifier_cluster=cluster[1] if cluster else None,
-        serve=served or None, repeats=rates,
+        serve=served or None, repeats=rates, cpu=cpus,
     )
 
 
@@ -326,18 +352,19 @@ def _fresh(env: dict, rep: int) -> dict:
             "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-r{rep}"}
 
 
-async def _every_metric(env: dict, cids: list[str], records: int, timeout_s: float, log) -> tuple[float, int]:
+async def _every_metric(env: dict, cids: list[str], records: int, timeout_s: float, log
+                        ) -> tuple[float, int, dict]:
     """The service's ingest with every metric enabled (both sides of the threshold kept), on a fresh
     consumer group and key prefix (those of `env` with ``-all``): (seconds, Redis bytes per
-    classifier at the end)."""
+    classifier at the end, CPU seconds as `service_consume` gives them)."""
     from ..config import load_settings
 
     log("service ingest path, every metric (both sides of the threshold; fresh group and keys)")
     every = load_settings({**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"{env['STRATAMETER_KAFKA_CONSUMER_GROUP']}-all",
                            "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-all",
                            "STRATAMETER_METRICS": "precision,recall,f1,accuracy"})
-    seconds, _, snaps = await service_consume(every, cids, records, [], timeout_s)
-    return seconds, snaps[-1]["bytes_per_classifier"]
+    seconds, _, snaps, cpu = await service_consume(every, cids, records, [], timeout_s)
+    return seconds, snaps[-1]["bytes_per_classifier"], cpu
 
 
 async def _serve(backends: dict[str, dict], kafka: str, names: dict[str, str], cids: list[str], stream: list,
@@ -352,14 +379,15 @@ async def _serve(backends: dict[str, dict], kafka: str, names: dict[str, str], c
     return out
 
 
-async def _on_cluster(cluster_env: dict, cids: list[str], records: int, timeout_s: float, log) -> tuple[float, int]:
+async def _on_cluster(cluster_env: dict, cids: list[str], records: int, timeout_s: float, log
+                      ) -> tuple[float, int, dict]:
     """The service's ingest against a Redis Cluster (`cluster_env`: a fresh consumer group and key
-    prefix): (seconds, Redis bytes per classifier at the end)."""
+    prefix): (seconds, Redis bytes per classifier at the end, CPU seconds)."""
     from ..config import load_settings
 
     log("service ingest path on the Redis Cluster (fresh group and keys)")
-    seconds, _, snaps = await service_consume(load_settings(cluster_env), cids, records, [], timeout_s)
-    return seconds, snaps[-1]["bytes_per_classifier"]
+    seconds, _, snaps, cpu = await service_consume(load_settings(cluster_env), cids, records, [], timeout_s)
+    return seconds, snaps[-1]["bytes_per_classifier"], cpu
 
 
 def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
