@@ -50,8 +50,9 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
     """Run the service's ingest path until Redis counts `records`.
 
     Returns (seconds from the first non-empty fetch to the full count, seconds from
-    start() to the first fetch, memory snapshots, CPU seconds over the same span as the first:
-    ``{"python": this process's, "redis": Redis's or None}``).  The CPU times are less noisy than
+    start() to the first fetch, memory snapshots, CPU seconds: ``{"python": this process's over
+    the same span as the first, "redis": Redis's from just before start() (it idles until the first
+    fetch's records but for the start-up reads) or None}``).  The CPU times are less noisy than
     the rate on a small shared machine: they count the work, not when it got a core.  This
     process's includes the bench's own count polls (the same for every ingest).
     """
