@@ -50,8 +50,9 @@ def bin_index(scores: np.ndarray) -> np.ndarray:
     would put a score outside its bucket's edges and break strata built on them.)
     """
     idx = np.searchsorted(_EDGES, np.asarray(scores, dtype=float), side="right").astype(np.int64, copy=False)
-    idx -= 1  # >= 0: the first edge is -inf, so the search never answers 0
-    return np.minimum(idx, BINS - 1, out=idx)  # +inf and NaN land after the last edge (np.clip: 4x slower)
+    # >= 0 after the - 1: the first edge is -inf, so the search never answers 0; +inf and NaN land
+    # after the last edge (np.clip would do both, at 4x the time on a call's few hundred scores)
+    return np.minimum(idx - 1, BINS - 1)
 
 
 def bin_edges_score() -> np.ndarray:
