@@ -315,8 +315,10 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
         fresh = _fresh(env, rep)
         service_s, join_s, snaps, cpu = await service_consume(load_settings(fresh), cids, records,
                                                               memory_at if rep == 0 else [], timeout_s)
-        every = await _every_metric(fresh, cids, records, timeout_s, log) if all_metrics else None
-        cluster = await _on_cluster(_fresh(cluster_env, rep), cids, records, timeout_s, log) if redis_cluster else None
+        every = await _ingest(_every_metric_env(fresh), cids, records, timeout_s, log,
+                              "every metric (both sides of the threshold)") if all_metrics else None
+        cluster = await _ingest(_fresh(cluster_env, rep), cids, records, timeout_s, log,
+                                "on the Redis Cluster") if redis_cluster else None
         runs.append((raw_s, decode_s, service_s, join_s, snaps, every, cluster))
         cpus.append({"service": cpu, **({"all_metrics": every[2]} if every else {}),
                      **({"cluster": cluster[2]} if cluster else {})})
@@ -352,18 +354,23 @@ def _fresh(env: dict, rep: int) -> dict:
             "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-r{rep}"}
 
 
-async def _every_metric(env: dict, cids: list[str], records: int, timeout_s: float, log
-                        ) -> tuple[float, int, dict]:
-    """The service's ingest with every metric enabled (both sides of the threshold kept), on a fresh
-    consumer group and key prefix (those of `env` with ``-all``): (seconds, Redis bytes per
-    classifier at the end, CPU seconds as `service_consume` gives them)."""
+def _every_metric_env(env: dict) -> dict:
+    """`env` with every metric enabled (both sides of the threshold kept), on a fresh consumer group
+    and key prefix (those of `env` with ``-all``)."""
+    return {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"{env['STRATAMETER_KAFKA_CONSUMER_GROUP']}-all",
+            "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-all",
+            "STRATAMETER_METRICS": "precision,recall,f1,accuracy"}
+
+
+async def _ingest(env: dict, cids: list[str], records: int, timeout_s: float, log, what: str
+                  ) -> tuple[float, int, dict]:
+    """One more timed ingest of the service with the settings `env` (a fresh consumer group and key
+    prefix), logged as `what`: (seconds, Redis bytes per classifier at the end, CPU seconds as
+    `service_consume` gives them)."""
     from ..config import load_settings
 
-    log("service ingest path, every metric (both sides of the threshold; fresh group and keys)")
-    every = load_settings({**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"{env['STRATAMETER_KAFKA_CONSUMER_GROUP']}-all",
-                           "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-all",
-                           "STRATAMETER_METRICS": "precision,recall,f1,accuracy"})
-    seconds, _, snaps, cpu = await service_consume(every, cids, records, [], timeout_s)
+    log(f"service ingest path, {what} (fresh group and keys)")
+    seconds, _, snaps, cpu = await service_consume(load_settings(env), cids, records, [], timeout_s)
     return seconds, snaps[-1]["bytes_per_classifier"], cpu
 
 
@@ -377,17 +384,6 @@ async def _serve(backends: dict[str, dict], kafka: str, names: dict[str, str], c
         log(f"the whole service on {name}")
         out[name] = await serve_bench(backend_env, kafka, names, cids, stream, rate, answers, timeout_s, log)
     return out
-
-
-async def _on_cluster(cluster_env: dict, cids: list[str], records: int, timeout_s: float, log
-                      ) -> tuple[float, int, dict]:
-    """The service's ingest against a Redis Cluster (`cluster_env`: a fresh consumer group and key
-    prefix): (seconds, Redis bytes per classifier at the end, CPU seconds)."""
-    from ..config import load_settings
-
-    log("service ingest path on the Redis Cluster (fresh group and keys)")
-    seconds, _, snaps, cpu = await service_consume(load_settings(cluster_env), cids, records, [], timeout_s)
-    return seconds, snaps[-1]["bytes_per_classifier"], cpu
 
 
 def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
