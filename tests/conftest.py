@@ -19,6 +19,8 @@
   ``kafka_bootstrap``; ``.bootstrap`` for clients, ``.stop()``/``.start()`` for outages.
 * ``embedded_redis`` (function): a private ``EmbeddedRedis`` (always embedded, even
   when ``$STRATAMETER_TEST_REDIS_URL`` is set) for tests that stop or restart Redis.
+* ``label_studio`` (session): a real Label Studio (``tests/label_studio_harness.py``), started on
+  first use.
 * ``store`` (function): a ``Store`` on ``redis_url`` under a fresh key prefix
   (``store.redis`` is its client, closed after the test).
 
@@ -40,6 +42,7 @@ import pytest
 
 from stratameter.embedded import EmbeddedKafka, EmbeddedKafkaProxy, EmbeddedRedis, EmbeddedRedisCluster
 from tests.harness import RedisBackend
+from tests.label_studio_harness import label_studio  # noqa: F401  (registered here, once a session)
 
 if TYPE_CHECKING:
     from stratameter.state.store import Store

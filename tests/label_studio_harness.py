@@ -5,8 +5,7 @@
   (SQLite in a temp dir copied from a migrated template: about 5 s; the first time ever about 35 s
   more for ``label-studio init``).  Missing, it fails the test with the command that installs it:
   CI's ``.ci/run`` and ``make test`` create it, so a skip would only hide a broken install.
-  Import it into a test module (``from tests.label_studio_harness import label_studio``); the
-  modules share one process.
+  Registered in ``tests/conftest.py``, so every module that asks for it shares the one process.
 * `running_bridge`: topics, settings and a `Bridge` with its HTTP server on a free port, the
   webhook pointing at it (or wherever `webhook_url` says, ``None`` for none).
 * `api` helpers: annotate a task as a reviewer would, read a project's tasks.
@@ -33,23 +32,21 @@ from stratameter.config import load_settings
 from stratameter.embedded import create_topics, find_free_port
 from stratameter.schemas.parse import label_request_bytes
 
-_SHARED: dict[str, EmbeddedLabelStudio] = {}
-
-
 @pytest.fixture(scope="session")
-def label_studio(request: pytest.FixtureRequest) -> Iterator[EmbeddedLabelStudio]:
-    """The session's Label Studio (one process for every module that imports this fixture)."""
-    if "ls" not in _SHARED:
-        try:
-            ls = EmbeddedLabelStudio()
-        except LabelStudioMissing as exc:
-            pytest.fail(f"{exc}. CI's .ci/run and `make test` create it (`make label-studio`).", pytrace=False)
-        started = time.monotonic()
-        ls.start()
-        ls.fixture_seconds = time.monotonic() - started  # template (first time) + start, for the record
-        _SHARED["ls"] = ls
-        request.addfinalizer(lambda: _SHARED.pop("ls").close())
-    yield _SHARED["ls"]
+def label_studio() -> Iterator[EmbeddedLabelStudio]:
+    """The session's Label Studio (one process per test session; `tests/conftest.py` registers this
+    fixture, so every module that asks for it shares it)."""
+    try:
+        ls = EmbeddedLabelStudio()
+    except LabelStudioMissing as exc:
+        pytest.fail(f"{exc}. CI's .ci/run and `make test` create it (`make label-studio`).", pytrace=False)
+    started = time.monotonic()
+    ls.start()
+    ls.fixture_seconds = time.monotonic() - started  # template (first time) + start, for the record
+    try:
+        yield ls
+    finally:
+        ls.close()
 
 
 @dataclass

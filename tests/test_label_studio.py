@@ -28,7 +28,7 @@ from stratameter.embedded import create_topics, find_free_port
 from stratameter.schemas.parse import decode_label_request, label_request_bytes
 from stratameter.schemas.times import rfc3339_to_ms
 from tests.harness import read_topic, running_service, wait_for
-from tests.label_studio_harness import annotate, label_studio, project_tasks, running_bridge  # noqa: F401
+from tests.label_studio_harness import annotate, project_tasks, running_bridge
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from hypothesis.errors import HypothesisWarning
 
 from stratameter.api.client import http_json
 from tests.harness import running_service, wait_for
-from tests.label_studio_harness import label_studio, running_bridge  # noqa: F401
+from tests.label_studio_harness import running_bridge
 
 pytestmark = pytest.mark.integration
 
