@@ -301,9 +301,8 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     del values
 
     cids = classifier_ids(classifiers)
-    cluster_env = {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}-cluster",
-                   "STRATAMETER_REDIS_KEY_PREFIX": f"bench-{run_id}-cluster",
-                   "STRATAMETER_REDIS_URL": redis_cluster or "", "STRATAMETER_REDIS_CLUSTER": "true"}
+    cluster_env = {**_renamed(env, "-cluster"), "STRATAMETER_REDIS_URL": redis_cluster or "",
+                   "STRATAMETER_REDIS_CLUSTER": "true"}
     runs, cpus = [], []
     for rep in range(repeat):
         tag = f" (repeat {rep + 1} of {repeat})" if repeat > 1 else ""
@@ -348,18 +347,20 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
 
 def _fresh(env: dict, rep: int) -> dict:
     """`env` with the consumer group and key prefix of repeat `rep` (the first keeps its names)."""
-    if rep == 0:
-        return env
-    return {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"{env['STRATAMETER_KAFKA_CONSUMER_GROUP']}-r{rep}",
-            "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-r{rep}"}
+    return env if rep == 0 else _renamed(env, f"-r{rep}")
+
+
+def _renamed(env: dict, suffix: str) -> dict:
+    """`env` with `suffix` appended to its consumer group and key prefix: an ingest of its own, which
+    reads the topic from the start into keys no other ingest of the run touches."""
+    return {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": env["STRATAMETER_KAFKA_CONSUMER_GROUP"] + suffix,
+            "STRATAMETER_REDIS_KEY_PREFIX": env["STRATAMETER_REDIS_KEY_PREFIX"] + suffix}
 
 
 def _every_metric_env(env: dict) -> dict:
     """`env` with every metric enabled (both sides of the threshold kept), on a fresh consumer group
     and key prefix (those of `env` with ``-all``)."""
-    return {**env, "STRATAMETER_KAFKA_CONSUMER_GROUP": f"{env['STRATAMETER_KAFKA_CONSUMER_GROUP']}-all",
-            "STRATAMETER_REDIS_KEY_PREFIX": f"{env['STRATAMETER_REDIS_KEY_PREFIX']}-all",
-            "STRATAMETER_METRICS": "precision,recall,f1,accuracy"}
+    return {**_renamed(env, "-all"), "STRATAMETER_METRICS": "precision,recall,f1,accuracy"}
 
 
 async def _ingest(env: dict, cids: list[str], records: int, timeout_s: float, log, what: str
