@@ -156,8 +156,24 @@ def test_shortfall_round_takes_half_of_what_is_missing_once_closed():
     got = streams.shortfall_round(8, [N, N], [n, n], [h, h], [q, q], 0.05, 0.95, np.array([True, False]))
     assert got.tolist() == [148, 8]
     # two labels that disagree in a stratum the scores put at 0.99: projected at (1 + 10 * 0.99) / 12, not 1/2
-    sure, unsure = (streams.shortfall_round(8, [1e9], [2.0], [1.0], [p], 0.05, 0.95, True) for p in ([0.99], [0.5]))
-    assert 8 <= sure < unsure
+    # (with the growth cap lifted: two labels allow a round of 16 at most, below both forecasts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(streams, "SHORTFALL_GROWTH", np.inf)
+        sure, unsure = (streams.shortfall_round(8, [1e9], [2.0], [1.0], [p], 0.05, 0.95, True) for p in ([0.99], [0.5]))
+    assert 16 < sure < unsure
+
+
+def test_shortfall_round_grows_the_labels_at_most_eightfold():
+    """A chunk that closes with the two-label warm-up of its four strata is short of about 600
+    labels at delta 0.02; its round is 8 x 8 = 64, not 300 split on two labels a stratum."""
+    N, q = [5e4] * 4, [0.6, 0.9, 0.99, 0.999]
+    warm_up, labelled = ([2.0] * 4, [1.0, 2.0, 2.0, 2.0]), ([25.0] * 4, [12.0, 22.0, 25.0, 25.0])
+    capped = [streams.shortfall_round(8, N, n, h, q, 0.02, 0.95, closed=True) for n, h in (warm_up, labelled)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(streams, "SHORTFALL_GROWTH", np.inf)
+        free = [streams.shortfall_round(8, N, n, h, q, 0.02, 0.95, closed=True) for n, h in (warm_up, labelled)]
+    assert capped[0] == streams.SHORTFALL_GROWTH * 8 == 64 < free[0]
+    assert capped[1] == free[1] < 800  # 100 labels may take up to 800: half of what is missing
 
 
 def test_status():

@@ -59,7 +59,8 @@ def reference_shortfall_round(D, N, n, h, q, delta, confidence, closed, target=N
     need = np.minimum(reference_labels_to_reach(N, n, h, delta, confidence, target=target),
                       reference_labels_to_reach(N, n, h, delta, confidence, pseudo_smoothed(n, h, q), target=target))
     missing = np.maximum(need * np.asarray(variance_ratio, dtype=float) - total, 0.0)
-    return np.where(closed, np.maximum(D, np.ceil(streams.SHORTFALL_SHARE * missing)), D).astype(np.int64)
+    share = np.minimum(np.ceil(streams.SHORTFALL_SHARE * missing), np.floor(streams.SHORTFALL_GROWTH * total))
+    return np.where(closed, np.maximum(D, share), D).astype(np.int64)
 
 
 def random_chunk(rng: np.random.Generator, shape: tuple[int, ...], K: int):
