@@ -176,6 +176,19 @@ def test_shortfall_round_grows_the_labels_at_most_eightfold():
     assert capped[1] == free[1] < 800  # 100 labels may take up to 800: half of what is missing
 
 
+def test_shortfall_round_is_not_capped_for_recall_or_f1():
+    """Accuracy is capped as precision is; with recall or F1 enabled a round takes half of what
+    is missing (README "Rounds after the close": the cap cost them labels)."""
+    from stratameter.stats.confusion import Target
+
+    N, n, h, q = [5e4] * 4, [2.0] * 4, [1.0, 2.0, 0.0, 1.0], [0.6, 0.9, 0.05, 0.3]
+    side = [True, True, False, False]
+    rounds = {m: int(streams.shortfall_round(8, N, n, h, q, 0.02, 0.95, True, Target(m, side))[()])
+              for m in (("accuracy",), ("recall",), ("f1",), ("precision", "recall"))}
+    assert rounds[("accuracy",)] == 64
+    assert all(rounds[m] > 64 for m in (("recall",), ("f1",), ("precision", "recall"))), rounds
+
+
 def test_status():
     s = streams.chunk_status([2, 1, 2, 0, 0, 3], [0.01, 0.01, 0.03, 0.05, 0.05, 0.01], 0.02, 2,
                              [False, False, False, True, False, True], [False, False, False, True, True, True],

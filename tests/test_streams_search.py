@@ -59,7 +59,9 @@ def reference_shortfall_round(D, N, n, h, q, delta, confidence, closed, target=N
     need = np.minimum(reference_labels_to_reach(N, n, h, delta, confidence, target=target),
                       reference_labels_to_reach(N, n, h, delta, confidence, pseudo_smoothed(n, h, q), target=target))
     missing = np.maximum(need * np.asarray(variance_ratio, dtype=float) - total, 0.0)
-    share = np.minimum(np.ceil(streams.SHORTFALL_SHARE * missing), np.floor(streams.SHORTFALL_GROWTH * total))
+    share = np.ceil(streams.SHORTFALL_SHARE * missing)
+    if target is None or not target.has_ratio:
+        share = np.minimum(share, np.floor(streams.SHORTFALL_GROWTH * total))
     return np.where(closed, np.maximum(D, share), D).astype(np.int64)
 
 

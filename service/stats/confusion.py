@@ -55,6 +55,9 @@ SHIFT_MIN_EVENTS = 5
 DEFAULT_NEGATIVE_STRATIFICATION = "cum_sqrt_f"
 #: Metrics that need labels of predicted negatives.
 NEEDS_NEGATIVES: frozenset[str] = frozenset({"recall", "f1", "accuracy"})
+#: Ratios of stratified totals (linearised, `moments_ratio_interval`); precision and accuracy are
+#: stratified means of the labels.
+RATIO_METRICS: frozenset[str] = frozenset({"recall", "f1"})
 
 
 def parse_metrics(value) -> tuple[str, ...]:
@@ -299,6 +302,11 @@ class Target:
     @property
     def is_precision(self) -> bool:
         return self.metrics == ("precision",) and bool(self.positive.all())
+
+    @property
+    def has_ratio(self) -> bool:
+        """Recall or F1 is enabled (`RATIO_METRICS`)."""
+        return not RATIO_METRICS.isdisjoint(self.metrics)
 
     def intervals(self, N, n, h, confidence: float, fpc: bool) -> dict[str, Interval]:
         """Every enabled metric's interval (`metric_interval`)."""
