@@ -83,9 +83,9 @@ SHORTFALL_SHARE = 0.5
 #: 599 labels at 0.02, 2222 -> 2062 at 0.01; `logit-underconfident` 767 -> 668 and 2946 -> 2502;
 #: `svm-margin` 741 -> 728, 2786 -> 2699; the others within 0.4 %, one to four more rounds; 4 times
 #: cost 3-7 % on `flat`, `overconfident` and `calibrated` at 0.01: README "Rounds after the close").
-#: Accuracy gains too (`fraud-rare` 570 -> 444 labels at 0.01).  Not with recall or F1: their
-#: rounds after the capped ones met the catch-up with targets estimated from a few positives, and
-#: took far more labels (`fraud-rare` F1 at 0.02: 15999 -> 68577, `moderation` recall +30 %).
+#: Accuracy gains too (`fraud-rare` 570 -> 444 labels at 0.01).  Not with recall or F1: capped,
+#: they took far more labels (`fraud-rare` F1 at 0.02: 15999 -> 68577, `moderation` recall +30 %;
+#: likely the catch-up meeting targets whose gradients come from a few positives).
 SHORTFALL_GROWTH = 8.0
 #: Share of the hourly label budget available at the start of a clock hour;
 #: the rest accrues evenly over the hour (`budget_allowance`).
