@@ -165,7 +165,7 @@ def test_shortfall_round_takes_half_of_what_is_missing_once_closed():
 
 def test_shortfall_round_grows_the_labels_at_most_eightfold():
     """A chunk that closes with the two-label warm-up of its four strata is short of about 600
-    labels at delta 0.02; its round is 8 x 8 = 64, not 300 split on two labels a stratum."""
+    labels at delta 0.02; its round is 8 x 8 = 64, not 320 split on two labels a stratum."""
     N, q = [5e4] * 4, [0.6, 0.9, 0.99, 0.999]
     warm_up, labelled = ([2.0] * 4, [1.0, 2.0, 2.0, 2.0]), ([25.0] * 4, [12.0, 22.0, 25.0, 25.0])
     capped = [streams.shortfall_round(8, N, n, h, q, 0.02, 0.95, closed=True) for n, h in (warm_up, labelled)]
