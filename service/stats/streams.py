@@ -85,7 +85,7 @@ SHORTFALL_SHARE = 0.5
 #: cost 3-7 % on `flat`, `overconfident` and `calibrated` at 0.01: README "Rounds after the close").
 #: Accuracy gains too (`fraud-rare` 570 -> 444 labels at 0.01).  Not with recall or F1: capped,
 #: they took far more labels (`fraud-rare` F1 at 0.02: 15999 -> 68577, `moderation` recall +30 %;
-#: likely the catch-up meeting targets whose gradients come from a few positives).
+#: the catch-up round meeting targets whose gradients come from a few positives: README).
 SHORTFALL_GROWTH = 8.0
 #: Share of the hourly label budget available at the start of a clock hour;
 #: the rest accrues evenly over the hour (`budget_allowance`).
