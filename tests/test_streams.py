@@ -212,3 +212,21 @@ def test_catch_up_leaves_thinly_labelled_strata_to_ordinary_rounds_and_never_exc
     assert got[0] == 0  # too few labels to trust their spread
     assert got[1] == 10  # wants more than the stratum has left
     assert streams.catch_up([1000.0], [600.0], [300.0], [0.5], 0.05, 0.95)[0] == 0  # already past its target
+
+
+def test_the_loop_samples_the_newest_started_chunk_and_the_one_before_it():
+    # chunks of 60 s; at t = 185 s chunk 3 (180-240 s) has started, chunk 4 has not
+    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0) == [2, 3]
+    assert streams.sampled_chunks([3], 60, 185.0) == [3]
+    assert streams.sampled_chunks([4], 60, 185.0) == []
+
+
+def test_a_closed_chunk_the_loop_left_below_target_is_stopped():
+    assert streams.final_status("open", closed=True, sampled=False) == "stopped"
+    assert streams.final_status("waiting_for_budget", closed=True, sampled=False) == "stopped"
+    # still sampled, or still open for late records, or done: unchanged
+    assert streams.final_status("open", closed=True, sampled=True) == "open"
+    assert streams.final_status("open", closed=False, sampled=False) == "open"
+    for done in ("converged", "exhausted"):
+        assert streams.final_status(done, closed=True, sampled=False) == done
+    assert "stopped" in streams.STATUSES

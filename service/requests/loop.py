@@ -41,11 +41,6 @@ from ..stats.confusion import Target
 
 log = logging.getLogger("stratameter.requests")
 
-#: Chunks the loop samples at once: the newest that has started, and the one before it
-#: (still open for late records, or topping up its sample after closing).
-ACTIVE_CHUNKS = 2
-
-
 def new_request_id(state_id: str) -> str:
     return f"{state_id}/{secrets.token_urlsafe(16)}"
 
@@ -132,7 +127,7 @@ class RequestLoop:
             return 0
         ids = set().union(*by_state.values())
         # the newest chunk that has started and the one before it (open for its lateness, or topping up)
-        started = [t for t in sorted(ids) if t * cfg.chunk_seconds * 1000 <= now][-ACTIVE_CHUNKS:]
+        started = streams.sampled_chunks(ids, cfg.chunk_seconds, now / 1000)
         self._forget_inactive(cid, states, started)
         if not started:
             return 0

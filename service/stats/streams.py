@@ -91,7 +91,27 @@ SHORTFALL_GROWTH = 8.0
 #: the rest accrues evenly over the hour (`budget_allowance`).
 BUDGET_BURST_SHARE = 0.1
 
-STATUSES: tuple[str, ...] = ("open", "waiting_for_budget", "converged", "exhausted")
+#: A chunk's status (`chunk_status`; ``stopped`` is given by `final_status` to a chunk the loop no longer samples).
+STATUSES: tuple[str, ...] = ("open", "waiting_for_budget", "converged", "exhausted", "stopped")
+#: Chunks the request loop samples at once: the newest that has started, and the one before it
+#: (still open for late records, or topping up its sample after closing).
+ACTIVE_CHUNKS = 2
+
+
+def sampled_chunks(chunks, chunk_seconds: float, now_s: float) -> list:
+    """The chunk ids (whole multiples of `chunk_seconds` since the epoch) the request loop samples
+    at `now_s`: the `ACTIVE_CHUNKS` newest of those that have started."""
+    return [t for t in sorted(chunks) if t * chunk_seconds <= now_s][-ACTIVE_CHUNKS:]
+
+
+def final_status(status: str, closed: bool, sampled: bool) -> str:
+    """What a chunk's status means once the loop no longer samples it (not `sampled`): a closed
+    chunk left ``open`` or ``waiting_for_budget`` gets no more requests, so it is ``stopped``
+    (below target, its interval as wide as its labels make it; answers to its outstanding
+    requests are still folded).  Reviewers slower than a chunk's length make this happen."""
+    if closed and not sampled and status in ("open", "waiting_for_budget"):
+        return "stopped"
+    return status
 
 
 def is_closed(now_s, end_s, lateness_s: float) -> np.ndarray:
