@@ -214,9 +214,13 @@ def test_catch_up_leaves_thinly_labelled_strata_to_ordinary_rounds_and_never_exc
     assert streams.catch_up([1000.0], [600.0], [300.0], [0.5], 0.05, 0.95)[0] == 0  # already past its target
 
 
-def test_the_loop_samples_the_newest_started_chunk_and_the_one_before_it():
+def test_the_loop_samples_the_newest_started_chunks_and_the_older_ones_still_kept():
     # chunks of 60 s; at t = 185 s chunk 3 (180-240 s) has started, chunk 4 has not
-    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0) == [2, 3]
+    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0) == [2, 3]  # retention 2: the active two
+    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=4) == [1, 2, 3]  # 1..4 kept
+    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=24) == [0, 1, 2, 3]
+    # the newest two started are sampled whatever the retention
+    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=1) == [2, 3]
     assert streams.sampled_chunks([3], 60, 185.0) == [3]
     assert streams.sampled_chunks([4], 60, 185.0) == []
 

@@ -160,7 +160,7 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
                     for t in ids[-cfg.chunk_retention:] if t in found[0]}  # older: no histogram kept
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
                          found[1].get(t) if len(found) > 1 else None, calibrations.get(t)) for t in ids]
-    sampled = set(streams.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s))
+    sampled = set(streams.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s, cfg.chunk_retention))
     for t, chunk in zip(ids, chunks):
         chunk["status"] = streams.final_status(chunk["status"], chunk["closed"], t in sampled)
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in ids], now_s)

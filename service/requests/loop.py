@@ -4,7 +4,9 @@ driven by events instead of a timer.
 A chunk's population grows while it is sampled, so the loop runs the stream
 design of `stats.streams` (threshold sampling: the sample is every item whose
 reservoir priority is at or below its stratum's threshold).  One step, for the
-newest chunk that has started and the one before it: expire overdue requests;
+newest chunk that has started, the one before it, and every older chunk whose
+reservoirs are kept and that has not finished (`streams.sampled_chunks`: slow
+reviewers stretch a chunk's rounds past the next chunk's start): expire overdue requests;
 when a round has completed with new labels, evaluate it once (interval,
 T-round streak); while items still arrive, raise the thresholds to the paced
 target; once arrivals have stopped or the chunk has closed, run an online OPT
@@ -90,6 +92,7 @@ class RequestLoop:
         # step looked at; per state and chunk: (size, q) of the prior
         self._seen: dict[str, dict[int, tuple]] = {}
         self._priors: dict[str, dict[int, tuple[float, np.ndarray]]] = {}
+        self._finished: dict[str, set[int]] = {}  # per classifier: older chunks closed and finished
 
     def _states(self, cid: str) -> list[tuple[str, int]]:
         """The states of classifier `cid` with the stratum id of their stratum 0."""
@@ -125,26 +128,45 @@ class RequestLoop:
             by_state[sid] = await self._chunk_ids(sid, cfg)
         if await self._forget_if_silent(cid, by_state, cfg, now):
             return 0
-        ids = set().union(*by_state.values())
-        # the newest chunk that has started and the one before it (open for its lateness, or topping up)
-        started = streams.sampled_chunks(ids, cfg.chunk_seconds, now / 1000)
-        self._forget_inactive(cid, states, started)
-        if not started:
+        stepped = self._chunks_to_step(cid, set().union(*by_state.values()), cfg, now)
+        self._forget_inactive(cid, states, stepped)
+        if not stepped:
             return 0
         by_side = []
         for sid, first in states:
             pending = await self.store.pending_by_chunk(sid)
-            found = {cs.chunk: cs for cs in await self.store.chunks(sid, started)}
+            found = {cs.chunk: cs for cs in await self.store.chunks(sid, stepped)}
             by_side.append((sid, first, found, pending))
         issued = 0
-        for t in started:
+        for t in stepped:
             sides = _sampled_sides([Side(sid, found.get(t), self.settings.for_classifier(sid), first,
                                          pending.get(t, 0)) for sid, first, found, pending in by_side], cfg)
             live = [sd.cs for sd in sides if sd.cs is not None]
             if not live or sum(cs.N.sum() for cs in live) == 0:
                 continue
+            if t not in stepped[:streams.ACTIVE_CHUNKS] and self._finished_chunk(cid, t, live, cfg, now):
+                continue
             issued += await self._step_chunk(cid, t, sides, cfg, now, issued)
         return issued
+
+    def _chunks_to_step(self, cid: str, ids: set[int], cfg, now: int) -> list[int]:
+        """The chunks this step samples, in the order they draw on the hourly budget: the newest
+        that has started and the one before it (oldest first, as always), then the older chunks
+        still kept that have not finished (`streams.sampled_chunks`), newest first."""
+        sampled = streams.sampled_chunks(ids, cfg.chunk_seconds, now / 1000, cfg.chunk_retention)
+        finished = self._finished.setdefault(cid, set())
+        finished.intersection_update(ids)
+        active = sampled[-streams.ACTIVE_CHUNKS:]
+        return active + [t for t in reversed(sampled[:-streams.ACTIVE_CHUNKS]) if t not in finished]
+
+    def _finished_chunk(self, cid: str, t: int, live: list, cfg, now: int) -> bool:
+        """Whether older chunk `t` is closed with a `streams.FINISHED` status (its lead side's):
+        then it is noted, and not read again."""
+        end_s = (t + 1) * cfg.chunk_seconds
+        if live[0].status in streams.FINISHED and streams.is_closed(now / 1000, end_s, _lateness(cfg)):
+            self._finished[cid].add(t)
+            return True
+        return False
 
     async def _forget_if_silent(self, cid: str, by_state: dict[str, list[int]], cfg, now: int) -> bool:
         """Forget a classifier that sent no score for its whole retained history (its newest
@@ -165,6 +187,7 @@ class RequestLoop:
             self._priors.pop(sid, None)
             self._purged.pop(sid, None)
         self._seen.pop(cid, None)
+        self._finished.pop(cid, None)
         log.info("forgot a silent classifier", extra={"classifier": cid, "newest_chunk": newest})
         return True
 

@@ -91,25 +91,35 @@ SHORTFALL_GROWTH = 8.0
 #: the rest accrues evenly over the hour (`budget_allowance`).
 BUDGET_BURST_SHARE = 0.1
 
-#: A chunk's status (`chunk_status`; ``stopped`` is given by `final_status` to a chunk the loop no longer samples).
+#: A chunk's status (`chunk_status`; ``stopped`` is given by `final_status` to a chunk the loop no
+#: longer samples).
 STATUSES: tuple[str, ...] = ("open", "waiting_for_budget", "converged", "exhausted", "stopped")
-#: Chunks the request loop samples at once: the newest that has started, and the one before it
-#: (still open for late records, or topping up its sample after closing).
+#: The chunks the request loop samples whatever their status: the newest that has started, and the
+#: one before it (still open for late records, or topping up its sample after closing).
 ACTIVE_CHUNKS = 2
+#: Statuses after which a closed chunk needs no more requests.
+FINISHED = ("converged", "exhausted")
 
 
-def sampled_chunks(chunks, chunk_seconds: float, now_s: float) -> list:
-    """The chunk ids (whole multiples of `chunk_seconds` since the epoch) the request loop samples
-    at `now_s`: the `ACTIVE_CHUNKS` newest of those that have started."""
-    return [t for t in sorted(chunks) if t * chunk_seconds <= now_s][-ACTIVE_CHUNKS:]
+def sampled_chunks(chunks, chunk_seconds: float, now_s: float, retention: int = ACTIVE_CHUNKS) -> list:
+    """The chunk ids (whole multiples of `chunk_seconds` since the epoch) the request loop may
+    sample at `now_s`, oldest first: the `ACTIVE_CHUNKS` newest of those that have started, and
+    before them every older started chunk whose reservoirs are still kept (the newest `retention`
+    chunk ids, `CHUNK_RETENTION`).  The loop steps an older one until it is `FINISHED`: reviewers
+    who answer, skip or let requests expire more slowly than a chunk lasts would otherwise leave
+    every chunk below target, since its rounds go on after newer chunks have started."""
+    ids = sorted(chunks)
+    started = [t for t in ids if t * chunk_seconds <= now_s]
+    kept = set(ids[-retention:]) if retention > 0 else set()
+    return [t for t in started[:-ACTIVE_CHUNKS] if t in kept] + started[-ACTIVE_CHUNKS:]
 
 
 def final_status(status: str, closed: bool, sampled: bool) -> str:
-    """What a chunk's status means once the loop no longer samples it (not `sampled`): a closed
-    chunk left ``open`` or ``waiting_for_budget`` gets no more requests, so it is ``stopped``
-    (below target, its interval as wide as its labels make it; answers to its outstanding
-    requests are still folded).  Reviewers slower than a chunk's length make this happen."""
-    if closed and not sampled and status in ("open", "waiting_for_budget"):
+    """What a chunk's status means once the loop no longer samples it (not `sampled`: its
+    reservoirs are gone, `sampled_chunks`): a closed chunk left ``open`` or ``waiting_for_budget``
+    gets no more requests, so it is ``stopped`` (below target, its interval as wide as its labels
+    make it; answers to its outstanding requests are still folded)."""
+    if closed and not sampled and status not in FINISHED:
         return "stopped"
     return status
 
