@@ -132,22 +132,35 @@ class RequestLoop:
         self._forget_inactive(cid, states, stepped)
         if not stepped:
             return 0
-        by_side = []
-        for sid, first in states:
-            pending = await self.store.pending_by_chunk(sid)
-            found = {cs.chunk: cs for cs in await self.store.chunks(sid, stepped)}
-            by_side.append((sid, first, found, pending))
+        pending = {sid: await self.store.pending_by_chunk(sid) for sid, _ in states}
+        active, older = stepped[:streams.ACTIVE_CHUNKS], stepped[streams.ACTIVE_CHUNKS:]
+        issued = await self._step_chunks(cid, states, pending, active, cfg, now, 0, older=False)
+        # older chunks are read only when the hour's budget has room for them
+        if older and await self._budget_left([sid for sid, _ in states], cfg, now, issued) > 0:
+            issued += await self._step_chunks(cid, states, pending, older, cfg, now, issued, older=True)
+        return issued
+
+    async def _step_chunks(self, cid: str, states, pending: dict, chunks: list[int], cfg, now: int,
+                           issued_before: int, older: bool) -> int:
+        """Step each of `chunks` in turn (an `older` one only until it has finished)."""
+        found = {sid: {cs.chunk: cs for cs in await self.store.chunks(sid, chunks)} for sid, _ in states}
         issued = 0
-        for t in stepped:
-            sides = _sampled_sides([Side(sid, found.get(t), self.settings.for_classifier(sid), first,
-                                         pending.get(t, 0)) for sid, first, found, pending in by_side], cfg)
+        for t in chunks:
+            sides = _sampled_sides([Side(sid, found[sid].get(t), self.settings.for_classifier(sid), first,
+                                         pending[sid].get(t, 0)) for sid, first in states], cfg)
             live = [sd.cs for sd in sides if sd.cs is not None]
             if not live or sum(cs.N.sum() for cs in live) == 0:
                 continue
-            if t not in stepped[:streams.ACTIVE_CHUNKS] and self._finished_chunk(cid, t, live, cfg, now):
+            if older and self._finished_chunk(cid, t, live, cfg, now):
                 continue
-            issued += await self._step_chunk(cid, t, sides, cfg, now, issued)
+            issued += await self._step_chunk(cid, t, sides, cfg, now, issued_before + issued)
         return issued
+
+    async def _budget_left(self, state_ids: list[str], cfg, now: int, issued: int) -> int:
+        """Requests the paced hourly budget of the states `state_ids` still allows after `issued`
+        this step (the clock hour's requests, `streams.budget_allowance`)."""
+        used = sum([await self.store.issued_this_hour(sid, now) for sid in state_ids])
+        return int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600)) - used - issued
 
     def _chunks_to_step(self, cid: str, ids: set[int], cfg, now: int) -> list[int]:
         """The chunks this step samples, in the order they draw on the hourly budget: the newest
@@ -243,9 +256,7 @@ class RequestLoop:
                                           allocation.round_size(N.size, cfg.round_labels_per_stratum),
                                           closed=closed, target=target, variance_ratio=ratio, spread_scale=scale)
         due, taus, left = await self._due_by_side(sides, tau, want)
-        hour_used = sum([await self.store.issued_this_hour(sd.state_id, now) for sd in sides])
-        budget = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600))
-                     - hour_used - issued_before)
+        budget = max(0, await self._budget_left([sd.state_id for sd in sides], cfg, now, issued_before))
         status = str(streams.chunk_status(streak, halfwidth, cfg.delta, cfg.stop_rounds, closed,
                                           left == 0 and pending == 0 and not due, len(due) > budget))
         chosen = due[:budget]
