@@ -41,8 +41,11 @@ async def test_expired_requests_are_replaced_and_late_answers_not_folded(kafka_b
             async def done():
                 _, body = await run.get("/v1/classifiers/clf")
                 doc = orjson.loads(body)
-                return doc if doc["labels_by_outcome"]["expired"] == 4 and doc["labels"] >= 4 else None
-            doc = await wait_for(done, 30, "replacements answered and late answers counted")
+                # settled: converged with nothing pending, so no label is folded between the view's
+                # read of the counters and its read of the chunk (the two are not one snapshot)
+                settled = doc["status"] == "converged" and doc["pending"] == 0
+                return doc if settled and doc["labels_by_outcome"]["expired"] == 4 and doc["labels"] >= 4 else None
+            doc = await wait_for(done, 60, "replacements answered, late answers counted, the chunk converged")
         assert doc["labels_by_outcome"]["expired"] == 4
         assert doc["labels_by_outcome"]["accepted"] == doc["labels"]
         assert all(s["positives"] == s["labels"] for s in doc["strata"])  # the late False answers were not folded

@@ -404,6 +404,32 @@ async def test_labels_refused_after_the_read_are_retried_in_offset_order(store, 
 
 
 @pytest.mark.integration
+async def test_an_answer_after_the_deadline_is_expired_before_the_sweep(store):
+    """LABEL judges the deadline itself: an answer that arrives after it, before EXPIRE swept
+    the request, is not folded; the request is expired and replaced as EXPIRE would (once)."""
+    redis, cid, k = store.redis, "c", store.keys
+    await _pending_request(store, cid, "c/a")  # deadline: a minute from now
+    await _pending_request(store, cid, "c/b")
+    deadline = int(await redis.hget(k.request(cid, "c/b"), "deadline_ms"))
+    assert int(await redis.hget(k.request(cid, "c/a"), "deadline_ms")) <= deadline
+    out = await store.apply_labels([(cid, 0, 0, "c/a", "1", deadline - 60_000, "x"),  # in time
+                                    (cid, 0, 1, "c/b", "0", deadline, "x")])  # at the deadline: late
+    assert out == [["accepted", "7", "0"], ["expired", "7", "0"]]
+    assert await redis.hget(k.request(cid, "c/b"), "state") == b"expired"
+    counters = {a.decode(): int(b) for a, b in (await redis.hgetall(k.counters(cid))).items()
+                if a != b"last_label_ms"}
+    assert counters == {"requests_total": 2, "labels_accepted": 1, "labels_expired": 1, "requests_expired": 1}
+    assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"  # replaced in its stratum
+    assert await redis.hget(k.chunk_labels(cid, 7), "0") == b"1"  # only the answer in time was folded
+    assert await redis.zcard(k.pending(cid)) == 0
+    assert await store.expire(cid, deadline + 1) == 0  # the sweep finds nothing left to expire
+    out = await store.apply_labels([(cid, 0, 2, "c/b", "1", deadline + 2, "x")])
+    assert out == [["expired"]]  # a second late answer: counted, nothing else changes
+    assert await redis.hget(k.counters(cid), "requests_expired") == b"1"
+    assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"
+
+
+@pytest.mark.integration
 async def test_expire_refuses_when_the_due_requests_are_not_what_was_read(store):
     redis, cid = store.redis, "c"
     await _pending_request(store, cid, "c/a")

@@ -12,6 +12,9 @@
 -- A state that does not exist (no meta: the request id's classifier part was made up) is left
 -- untouched ({'no_state'}): the caller counts the label service-wide, so an outsider's made-up
 -- ids create no key.
+-- Deadline: an answer to a request whose deadline (deadline_ms) is at or before now_ms is
+-- `expired` even when EXPIRE has not swept the request yet (the request loop runs it about once
+-- a tick): this call then expires the request as EXPIRE would (replaced in its stratum).
 -- Returns {outcome[, chunk, stratum]}: replay, retry, no_state, unknown, duplicate, expired,
 -- skipped, accepted.
 local okey, cnt, pending, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -38,6 +41,14 @@ end
 local replace, nkey, hkey = KEYS[6], KEYS[7], KEYS[8]
 local k = redis.call('HGET', rk, 'stratum')
 redis.call('ZREM', pending, ARGV[3])
+local deadline = redis.call('HGET', rk, 'deadline_ms')
+if deadline and tonumber(deadline) <= tonumber(ARGV[5]) then  -- what EXPIRE does, then the answer is late
+  redis.call('HSET', rk, 'state', 'expired')
+  redis.call('HINCRBY', replace, k, 1)
+  redis.call('HINCRBY', cnt, 'requests_expired', 1)
+  redis.call('HINCRBY', cnt, 'labels_expired', 1)
+  return {'expired', chunk, k}
+end
 if ARGV[4] == 'null' then
   redis.call('HSET', rk, 'state', 'skipped', 'answered_ms', ARGV[5])
   redis.call('HINCRBY', cnt, 'labels_skipped', 1)
