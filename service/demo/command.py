@@ -9,6 +9,9 @@ import sys
 
 import orjson
 
+#: Chunk length without --chunk-seconds: with people reviewing in Label Studio, and with simulated reviewers.
+PEOPLE_CHUNK_SECONDS, SIMULATED_CHUNK_SECONDS = 300, 20
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -58,7 +61,7 @@ def main(args) -> int:
     from .view import summary_table
 
     people = args.reviewers == "label-studio"
-    chunk_seconds = args.chunk_seconds if args.chunk_seconds is not None else 300 if people else 20
+    chunk_seconds = args.chunk_seconds if args.chunk_seconds is not None else PEOPLE_CHUNK_SECONDS if people else SIMULATED_CHUNK_SECONDS
     for name, value, ok in (("--duration", args.duration, args.duration is None or args.duration > 0),
                             ("--chunk-seconds", chunk_seconds, chunk_seconds >= 2),
                             ("--rate", args.rate, args.rate > 0),
