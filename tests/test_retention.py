@@ -90,6 +90,11 @@ async def test_the_process_caches_keep_open_chunks_only(redis_url, unique_name):
     loop._priors["c~negatives"] = {t: (1.0, np.ones(1)) for t in range(30)}
     loop._forget_inactive("c", [("c", True), ("c~negatives", False)], [28, 29])
     assert list(loop._seen["c"]) == [28, 29] and list(loop._priors["c~negatives"]) == [28, 29]
+    # a classifier whose lease went elsewhere is forgotten whole (both sides)
+    loop._seen["d"], loop._request_chunks["d~negatives"], loop._finished["d"] = {29: ()}, {"d~negatives/x": 29}, {27}
+    loop.forget_unowned({"c"})
+    assert set(loop._seen) == {"c"} and set(loop._priors) == {"c", "c~negatives"}
+    assert not loop._request_chunks and not loop._finished
     await redis.aclose()
 
 

@@ -404,6 +404,35 @@ async def test_labels_refused_after_the_read_are_retried_in_offset_order(store, 
 
 
 @pytest.mark.integration
+async def test_pending_by_chunk_reads_each_requests_chunk_once(store, monkeypatch):
+    """With the caller's memo, a request's chunk is read the first time it is seen pending only,
+    and the memo forgets the requests no longer pending."""
+    redis, cid = store.redis, "c"
+    await _pending_request(store, cid, "c/a", chunk=7)
+    await _pending_request(store, cid, "c/b", chunk=8)
+    assert await store.pending_by_chunk(cid) == {7: 1, 8: 1}  # without a memo: as before
+    read: list[list[str]] = []
+    hgets = store._hgets
+
+    async def counting(keys, field):
+        read.append(keys)
+        return await hgets(keys, field)
+
+    monkeypatch.setattr(store, "_hgets", counting)
+    memo: dict[str, int] = {}
+    assert await store.pending_by_chunk(cid, memo) == {7: 1, 8: 1}
+    assert memo == {"c/a": 7, "c/b": 8} and len(read) == 1 and len(read[0]) == 2
+    await _pending_request(store, cid, "c/c", chunk=8)
+    assert await store.pending_by_chunk(cid, memo) == {7: 1, 8: 2}
+    assert read[1] == [store.keys.request(cid, "c/c")]  # only the new request was read
+    now = int(time.time() * 1000)
+    assert (await store.apply_labels([(cid, 0, 0, "c/a", "1", now, "x")]))[0][0] == "accepted"
+    before = len(read)  # LABEL's own read of the request
+    assert await store.pending_by_chunk(cid, memo) == {8: 2}
+    assert memo == {"c/b": 8, "c/c": 8} and len(read) == before
+
+
+@pytest.mark.integration
 async def test_an_answer_after_the_deadline_is_expired_before_the_sweep(store):
     """LABEL judges the deadline itself: an answer that arrives after it, before EXPIRE swept
     the request, is not folded; the request is expired and replaced as EXPIRE would (once)."""

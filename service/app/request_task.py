@@ -94,6 +94,7 @@ class RequestTask:
             try:
                 await self.leases.renew()
                 self._republished &= self.leases.owned  # a lease lost and taken again: republish then
+                self.loop.forget_unowned(self.leases.owned)
                 self.health.redis_ok()
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 self.health.redis_failed()

@@ -37,7 +37,7 @@ from ..labels.calibrated import chunk_calibrations
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
-from ..state.keys import negatives_of
+from ..state.keys import negatives_of, owner_of
 from ..state.store import ChunkState, Store
 from ..stats.confusion import Target
 
@@ -93,6 +93,17 @@ class RequestLoop:
         self._seen: dict[str, dict[int, tuple]] = {}
         self._priors: dict[str, dict[int, tuple[float, np.ndarray]]] = {}
         self._finished: dict[str, set[int]] = {}  # per classifier: older chunks closed and finished
+        self._request_chunks: dict[str, dict[str, int]] = {}  # per state: pending request id -> chunk
+        # per classifier, per older chunk whose last step changed nothing: its pending requests per
+        # state then (`_step_chunks` reads it again only once they change)
+        self._quiet: dict[str, dict[int, tuple]] = {}
+
+    def forget_unowned(self, owned: set[str]) -> None:
+        """Drop what this loop remembers of the classifiers not in `owned` (a lease lost: another
+        instance steps them meanwhile, so what was remembered may be stale when it comes back)."""
+        for cache in (self._seen, self._quiet, self._finished, self._priors, self._purged, self._request_chunks):
+            for key in [k for k in cache if owner_of(k)[0] not in owned]:
+                del cache[key]
 
     def _states(self, cid: str) -> list[tuple[str, int]]:
         """The states of classifier `cid` with the stratum id of their stratum 0."""
@@ -132,7 +143,7 @@ class RequestLoop:
         self._forget_inactive(cid, states, stepped)
         if not stepped:
             return 0
-        pending = {sid: await self.store.pending_by_chunk(sid) for sid, _ in states}
+        pending = {sid: await self._pending_by_chunk(sid) for sid, _ in states}
         active, older = stepped[:streams.ACTIVE_CHUNKS], stepped[streams.ACTIVE_CHUNKS:]
         issued = await self._step_chunks(cid, states, pending, active, cfg, now, 0, older=False)
         # older chunks are read only when the hour's budget has room for them
@@ -142,7 +153,19 @@ class RequestLoop:
 
     async def _step_chunks(self, cid: str, states, pending: dict, chunks: list[int], cfg, now: int,
                            issued_before: int, older: bool) -> int:
-        """Step each of `chunks` in turn (an `older` one only until it has finished)."""
+        """Step each of `chunks` in turn (an `older` one only until it has finished).
+
+        An older chunk is not even read while it is quiet: closed (no score reaches it), its last
+        step issued nothing and left it waiting for answers (some pending, not waiting for budget),
+        and its pending requests are the same.  Only the lease holder issues, evaluates and sets its status, and
+        an answer or an expiry changes its pending requests, so nothing it is stepped on has
+        changed (with slow reviewers most older chunks are quiet most of the time)."""
+        quiet = self._quiet.setdefault(cid, {})
+        waiting = {t: tuple(pending[sid].get(t, 0) for sid, _ in states) for t in chunks}
+        if older:
+            chunks = [t for t in chunks if quiet.get(t) != waiting[t]]
+            if not chunks:
+                return 0
         found = {sid: {cs.chunk: cs for cs in await self.store.chunks(sid, chunks)} for sid, _ in states}
         issued = 0
         for t in chunks:
@@ -153,7 +176,12 @@ class RequestLoop:
                 continue
             if older and self._finished_chunk(cid, t, live, cfg, now):
                 continue
-            issued += await self._step_chunk(cid, t, sides, cfg, now, issued_before + issued)
+            more, status = await self._step_chunk(cid, t, sides, cfg, now, issued_before + issued)
+            issued += more
+            if older and more == 0 and sum(waiting[t]) and status != "waiting_for_budget" and _closed(t, cfg, now):
+                quiet[t] = waiting[t]
+            else:
+                quiet.pop(t, None)
         return issued
 
     async def _budget_left(self, state_ids: list[str], cfg, now: int, issued: int) -> int:
@@ -175,8 +203,7 @@ class RequestLoop:
     def _finished_chunk(self, cid: str, t: int, live: list, cfg, now: int) -> bool:
         """Whether older chunk `t` is closed with a `streams.FINISHED` status (its lead side's):
         then it is noted, and not read again."""
-        end_s = (t + 1) * cfg.chunk_seconds
-        if live[0].status in streams.FINISHED and streams.is_closed(now / 1000, end_s, _lateness(cfg)):
+        if live[0].status in streams.FINISHED and _closed(t, cfg, now):
             self._finished[cid].add(t)
             return True
         return False
@@ -190,7 +217,7 @@ class RequestLoop:
         if newest is None or (newest + 1 + cfg.history_chunks) * cfg.chunk_seconds * 1000 > now:
             return False
         for sid in by_state:
-            if await self.store.pending_by_chunk(sid):
+            if await self._pending_by_chunk(sid):
                 return False
         for sid, ids in reversed(list(by_state.items())):
             if not await self.store.forget(sid, ids):
@@ -199,7 +226,9 @@ class RequestLoop:
         for sid in by_state:
             self._priors.pop(sid, None)
             self._purged.pop(sid, None)
+            self._request_chunks.pop(sid, None)
         self._seen.pop(cid, None)
+        self._quiet.pop(cid, None)
         self._finished.pop(cid, None)
         log.info("forgot a silent classifier", extra={"classifier": cid, "newest_chunk": newest})
         return True
@@ -207,10 +236,15 @@ class RequestLoop:
     def _forget_inactive(self, cid: str, states, started: list[int]) -> None:
         """Keep the per-chunk caches of the chunks the loop steps only: a long-running replica
         must not gain an entry per classifier and chunk for good."""
-        for cache, key in [(self._seen, cid)] + [(self._priors, sid) for sid, _ in states]:
+        for cache, key in [(self._seen, cid), (self._quiet, cid)] + [(self._priors, sid) for sid, _ in states]:
             by_chunk = cache.setdefault(key, {})
             for t in [t for t in by_chunk if t not in started]:
                 del by_chunk[t]
+
+    async def _pending_by_chunk(self, sid: str) -> dict[int, int]:
+        """The state's outstanding requests per chunk, each request's chunk read once
+        (`Store.pending_by_chunk`)."""
+        return await self.store.pending_by_chunk(sid, self._request_chunks.setdefault(sid, {}))
 
     async def _chunk_ids(self, sid: str, cfg) -> list[int]:
         """The state's chunks, purging those past the retention once per new chunk."""
@@ -220,10 +254,12 @@ class RequestLoop:
             self._purged[sid] = ids[-1]
         return ids
 
-    async def _step_chunk(self, cid: str, t: int, sides: list[Side], cfg, now: int, issued_before: int) -> int:
+    async def _step_chunk(self, cid: str, t: int, sides: list[Side], cfg, now: int, issued_before: int
+                          ) -> tuple[int, str]:
         """The stream design of `stats.streams` for one chunk (both sides when the classifier's
         metrics need its predicted negatives): evaluate, pace or top up, request.  The chunk's
-        streak and status live with its lead side (the positives, else the negatives)."""
+        streak and status live with its lead side (the positives, else the negatives).  Returns
+        the requests issued and the chunk's status."""
         lead = next(sd for sd in sides if sd.cs is not None)
         cs0 = lead.cs
         target = _target(cfg, sides)
@@ -231,7 +267,7 @@ class RequestLoop:
         thresholds = np.concatenate([sd.column("thresholds") for sd in sides])
         pending = sum(sd.pending for sd in sides)
         now_s, end_s = now / 1000, (t + 1) * cfg.chunk_seconds
-        closed = bool(streams.is_closed(now_s, end_s, _lateness(cfg)))
+        closed = _closed(t, cfg, now)
         total = float(N.sum())
         live = [sd.cs for sd in sides if sd.cs is not None]
         first_s = min(cs.first_ms for cs in live) / 1000
@@ -239,7 +275,7 @@ class RequestLoop:
         flowing = bool(streams.arrivals_flowing(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds)) and not closed
         seen = (total, int(n.sum()), pending, flowing, closed, thresholds.tobytes())
         if self._seen[cid].get(t) == seen and cs0.status != "waiting_for_budget":
-            return 0  # nothing the design looks at has changed since the last step
+            return 0, cs0.status  # nothing the design looks at has changed since the last step
         final = float(streams.expected_final_size(total, first_s, last_s, now_s, end_s, cfg.chunk_seconds))
         halfwidth = float(streams.chunk_interval(N, n, h, cfg.confidence, closed, target).halfwidth)
         # the reported estimators' (the difference estimator's where it is used): the widest interval,
@@ -270,7 +306,7 @@ class RequestLoop:
             await self.store.set_status(lead.state_id, t, status)
         # remembered only once every write of the step went through: a step cut short plans again
         self._seen[cid][t] = seen
-        return issued
+        return issued, status
 
     async def _due_by_side(self, sides: list[Side], tau: np.ndarray, want: np.ndarray
                            ) -> tuple[list, list, int]:
@@ -372,6 +408,11 @@ class RequestLoop:
 
 def _lateness(cfg) -> float:
     return float(getattr(cfg, "allowed_lateness_seconds", 300))
+
+
+def _closed(t: int, cfg, now_ms: int) -> bool:
+    """Whether chunk `t` is closed at `now_ms`: no score can reach it any more."""
+    return bool(streams.is_closed(now_ms / 1000, (t + 1) * cfg.chunk_seconds, _lateness(cfg)))
 
 
 def _target(cfg, sides: list[Side]):

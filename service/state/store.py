@@ -284,15 +284,27 @@ class Store(Reads, ScriptCalls):
                                        float(last[0][1]) if last else float("inf")))
         return out
 
-    async def pending_by_chunk(self, cid: str) -> dict[int, int]:
-        """Outstanding requests per chunk."""
+    async def pending_by_chunk(self, cid: str, known: dict[str, int] | None = None) -> dict[int, int]:
+        """Outstanding requests per chunk.  `known` (request id -> chunk, the caller's between
+        calls) spares the read of each request's chunk after the first: a request never changes
+        chunk, so with slow reviewers a step reads the pending ids, not every pending request
+        again.  It is left holding exactly the pending requests whose chunk was found."""
         rids = [r.decode() for r in await self.redis.zrange(self.keys.pending(cid), 0, -1)]
-        if not rids:
-            return {}
+        memo = {} if known is None else known
+        new = [rid for rid in rids if rid not in memo]
+        if new:
+            for rid, chunk in zip(new, await self._hgets([self.keys.request(cid, rid) for rid in new], "chunk")):
+                if chunk is not None:
+                    memo[rid] = int(chunk)
         out: dict[int, int] = {}
-        for chunk in await self._hgets([self.keys.request(cid, rid) for rid in rids], "chunk"):
-            if chunk is not None:
-                out[int(chunk)] = out.get(int(chunk), 0) + 1
+        for rid in rids:
+            t = memo.get(rid)
+            if t is not None:
+                out[t] = out.get(t, 0) + 1
+        if known is not None and len(known) > sum(out.values()):  # answered or expired since: forgotten
+            live = set(rids)
+            for rid in [r for r in known if r not in live]:
+                del known[rid]
         return out
 
     async def set_status(self, cid: str, t: int, status: str) -> None:
