@@ -135,12 +135,28 @@ def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
 
     args = argparse.Namespace(records=600, classifiers=2, partitions=1, kafka=kafka_bootstrap, redis=redis_url,
                               seed=0, json=True, all_metrics=False, redis_cluster=False, serve=0, serve_load=0.5,
-                              repeat=1)
+                              repeat=1, loop_pass=False)
     assert bench_main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
     doc = json.loads(out[0])
     assert KEYS <= set(doc) and doc["records_counted"] == 600
+
+
+def test_bench_loop_pass_reads_no_quiet_older_chunk(redis_url, capsys):
+    """`--loop-pass` through the real command line: every classifier's older chunks ask for a round
+    and then wait for answers; the timed passes do not read them again (Redis commands per
+    classifier about those of the newest two chunks alone)."""
+    from stratameter.cli import main
+
+    assert main(["bench", "--loop-pass", "--classifiers", "3", "--older-chunks", "2", "--redis", redis_url,
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    slow, floor = doc["with_older_chunks"], doc["newest_two_only"]
+    assert doc["classifiers"] == 3 and slow["older_chunks"] == 2 and floor["older_chunks"] == 0
+    assert slow["requests_pending_per_classifier"] > floor["requests_pending_per_classifier"] > 0
+    assert 0 < slow["redis_commands_per_classifier"] <= floor["redis_commands_per_classifier"] + 2
+    assert slow["ms_per_classifier"] > 0 and doc["vs_newest_two_only"] > 0
 
 
 def test_bench_on_a_cluster_and_serving(kafka_bootstrap, redis_url, redis_cluster_url, capsys):

@@ -53,6 +53,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="time every consumer N times on the same records, one after the other in each repeat "
                         "(fresh consumer groups and keys); rates are the medians, ratios the medians of the "
                         "per-repeat ratios, and JSON lists every repeat (default 1)")
+    p.add_argument("--loop-pass", action="store_true",
+                   help="instead of the ingest: the request loop's pass per classifier (milliseconds, Redis "
+                        "commands) when --older-chunks closed chunks per classifier still await their answers "
+                        "(slow reviewers), against the newest two chunks alone, in the same run; no Kafka")
+    p.add_argument("--older-chunks", type=_positive_int, default=12, metavar="M",
+                   help="with --loop-pass: closed chunks per classifier awaiting answers (default 12)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(handler=main)
 
@@ -64,6 +70,8 @@ def main(args) -> int:
         if not args.json:
             print(f"  {msg}", file=sys.stderr, flush=True)
 
+    if args.loop_pass:
+        return _loop_pass(args)
     try:
         result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
                        seed=args.seed, log=log, all_metrics=args.all_metrics,
@@ -77,6 +85,34 @@ def main(args) -> int:
         print(json.dumps(doc))
         return 0
     _table(doc)
+    return 0
+
+
+def _loop_pass(args) -> int:
+    from .loop_pass import run
+
+    try:
+        doc = run(args.redis, args.classifiers, args.older_chunks)
+    except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
+        print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"request loop, one pass over {doc['classifiers']} classifiers (medians of {doc['passes']} "
+                    f"passes; chunks of {doc['chunk_seconds']} s, {doc['items_per_chunk']} items each)")
+    for col in ("chunks stepped", "ms / classifier", "CPU ms / classifier", "Redis commands / classifier",
+                "requests pending / classifier"):
+        t.add_column(col, justify="right")
+    for key, what in (("with_older_chunks", f"newest two + {doc['with_older_chunks']['older_chunks']} older"),
+                      ("newest_two_only", "newest two")):
+        r = doc[key]
+        t.add_row(what, f"{r['ms_per_classifier']:.2f}", f"{r['cpu_ms_per_classifier']:.2f}",
+                  f"{r['redis_commands_per_classifier']:.0f}", f"{r['requests_pending_per_classifier']:.0f}")
+    Console().print(t)
     return 0
 
 
