@@ -157,9 +157,10 @@ class RequestLoop:
 
         An older chunk is not even read while it is quiet: closed (no score reaches it), its last
         step issued nothing and left it waiting for answers (some pending, not waiting for budget),
-        and its pending requests are the same.  Only the lease holder issues, evaluates and sets its status, and
-        an answer or an expiry changes its pending requests, so nothing it is stepped on has
-        changed (with slow reviewers most older chunks are quiet most of the time)."""
+        and its pending requests are the same.  Only the lease holder issues, evaluates and sets
+        its status, and an answer, a skip or an expiry changes its pending requests, so nothing it
+        is stepped on has changed (with slow reviewers most older chunks are quiet most of the
+        time; `bench --loop-pass`)."""
         quiet = self._quiet.setdefault(cid, {})
         waiting = {t: tuple(pending[sid].get(t, 0) for sid, _ in states) for t in chunks}
         if older:
