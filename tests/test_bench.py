@@ -78,6 +78,18 @@ def test_bench_rejects_a_bad_record_count(capsys):
     assert "positive integer" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--loop-pass", "--all-metrics", "--repeat", "3"], "--all-metrics, --repeat: not with --loop-pass"),
+    (["--loop-pass", "--kafka", "localhost:9092"], "--kafka: not with --loop-pass"),
+    (["--older-chunks", "4"], "--older-chunks goes with --loop-pass"),
+])
+def test_bench_refuses_options_that_do_not_go_together(argv, message, capsys):
+    from stratameter.cli import main
+
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_score_values_are_valid_score_records():
     from stratameter.schemas.parse import parse_scores
 
@@ -135,7 +147,7 @@ def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
 
     args = argparse.Namespace(records=600, classifiers=2, partitions=1, kafka=kafka_bootstrap, redis=redis_url,
                               seed=0, json=True, all_metrics=False, redis_cluster=False, serve=0, serve_load=0.5,
-                              repeat=1, loop_pass=False)
+                              repeat=1, loop_pass=False, older_chunks=None)
     assert bench_main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1

@@ -27,6 +27,24 @@ DESCRIPTION = (
 )
 
 
+#: --loop-pass's default --older-chunks.
+OLDER_CHUNKS = 12
+#: The options of the ingest measurement, with their defaults: given with --loop-pass, they are refused
+#: (the request loop's bench reads no Kafka and runs once), not ignored.
+_INGEST_ONLY = {"--records": ("records", 500_000), "--partitions": ("partitions", 3), "--kafka": ("kafka", None),
+                "--seed": ("seed", 0), "--all-metrics": ("all_metrics", False),
+                "--redis-cluster": ("redis_cluster", False), "--serve": ("serve", 0),
+                "--serve-load": ("serve_load", 0.5), "--repeat": ("repeat", 1)}
+
+
+def _misplaced(args) -> str | None:
+    """The error for options that do not go together, or None."""
+    if not getattr(args, "loop_pass", False):
+        return "--older-chunks goes with --loop-pass" if getattr(args, "older_chunks", None) else None
+    given = [opt for opt, (name, default) in _INGEST_ONLY.items() if getattr(args, name) != default]
+    return f"{', '.join(given)}: not with --loop-pass (no Kafka, one run)" if given else None
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help=SUMMARY, description=DESCRIPTION)
     p.add_argument("--records", type=_positive_int, default=500_000, help="score records (default 500000)")
@@ -57,8 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of the ingest: the request loop's pass per classifier (milliseconds, Redis "
                         "commands) when --older-chunks closed chunks per classifier still await their answers "
                         "(slow reviewers), against the newest two chunks alone, in the same run; no Kafka")
-    p.add_argument("--older-chunks", type=_positive_int, default=12, metavar="M",
-                   help="with --loop-pass: closed chunks per classifier awaiting answers (default 12)")
+    p.add_argument("--older-chunks", type=_positive_int, default=None, metavar="M",
+                   help=f"with --loop-pass: closed chunks per classifier awaiting answers (default {OLDER_CHUNKS})")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(handler=main)
 
@@ -70,6 +88,10 @@ def main(args) -> int:
         if not args.json:
             print(f"  {msg}", file=sys.stderr, flush=True)
 
+    wrong = _misplaced(args)
+    if wrong:
+        print(f"stratameter bench: {wrong}", file=sys.stderr)
+        return 2
     if args.loop_pass:
         return _loop_pass(args)
     try:
@@ -92,7 +114,7 @@ def _loop_pass(args) -> int:
     from .loop_pass import run
 
     try:
-        doc = run(args.redis, args.classifiers, args.older_chunks)
+        doc = run(args.redis, args.classifiers, args.older_chunks or OLDER_CHUNKS)
     except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
         print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
