@@ -29,19 +29,19 @@ DESCRIPTION = (
 
 #: --loop-pass's default --older-chunks.
 OLDER_CHUNKS = 12
-#: The options of the ingest measurement, with their defaults: given with --loop-pass, they are refused
-#: (the request loop's bench reads no Kafka and runs once), not ignored.
-_INGEST_ONLY = {"--records": ("records", 500_000), "--partitions": ("partitions", 3), "--kafka": ("kafka", None),
-                "--seed": ("seed", 0), "--all-metrics": ("all_metrics", False),
-                "--redis-cluster": ("redis_cluster", False), "--serve": ("serve", 0),
-                "--serve-load": ("serve_load", 0.5), "--repeat": ("repeat", 1)}
+#: The options of the ingest measurement (option -> attribute): given with --loop-pass, they are
+#: refused (the request loop's bench reads no Kafka and runs once), not ignored.
+_INGEST_ONLY = {"--records": "records", "--partitions": "partitions", "--kafka": "kafka", "--seed": "seed",
+                "--all-metrics": "all_metrics", "--redis-cluster": "redis_cluster", "--serve": "serve",
+                "--serve-load": "serve_load", "--repeat": "repeat"}
 
 
 def _misplaced(args) -> str | None:
-    """The error for options that do not go together, or None."""
+    """The error for options that do not go together, or None (`ingest_defaults`: the parser's
+    defaults of `_INGEST_ONLY`, set by `add_parser`)."""
     if not getattr(args, "loop_pass", False):
         return "--older-chunks goes with --loop-pass" if getattr(args, "older_chunks", None) else None
-    given = [opt for opt, (name, default) in _INGEST_ONLY.items() if getattr(args, name) != default]
+    given = [opt for opt, name in _INGEST_ONLY.items() if getattr(args, name) != args.ingest_defaults[name]]
     return f"{', '.join(given)}: not with --loop-pass (no Kafka, one run)" if given else None
 
 
@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--older-chunks", type=_positive_int, default=None, metavar="M",
                    help=f"with --loop-pass: closed chunks per classifier awaiting answers (default {OLDER_CHUNKS})")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
-    p.set_defaults(handler=main)
+    p.set_defaults(handler=main, ingest_defaults={name: p.get_default(name) for name in _INGEST_ONLY.values()})
 
 
 def main(args) -> int:

@@ -61,7 +61,9 @@ def main(args) -> int:
     from .view import summary_table
 
     people = args.reviewers == "label-studio"
-    chunk_seconds = args.chunk_seconds if args.chunk_seconds is not None else PEOPLE_CHUNK_SECONDS if people else SIMULATED_CHUNK_SECONDS
+    chunk_seconds = args.chunk_seconds
+    if chunk_seconds is None:
+        chunk_seconds = PEOPLE_CHUNK_SECONDS if people else SIMULATED_CHUNK_SECONDS
     for name, value, ok in (("--duration", args.duration, args.duration is None or args.duration > 0),
                             ("--chunk-seconds", chunk_seconds, chunk_seconds >= 2),
                             ("--rate", args.rate, args.rate > 0),

@@ -161,9 +161,9 @@ class RequestLoop:
         its status, and an answer, a skip or an expiry changes its pending requests, so nothing it
         is stepped on has changed (with slow reviewers most older chunks are quiet most of the
         time; `bench --loop-pass`)."""
-        quiet = self._quiet.setdefault(cid, {})
-        waiting = {t: tuple(pending[sid].get(t, 0) for sid, _ in states) for t in chunks}
+        quiet, waiting = self._quiet.setdefault(cid, {}), {}
         if older:
+            waiting = {t: tuple(pending[sid].get(t, 0) for sid, _ in states) for t in chunks}
             chunks = [t for t in chunks if quiet.get(t) != waiting[t]]
             if not chunks:
                 return 0
@@ -179,7 +179,9 @@ class RequestLoop:
                 continue
             more, status = await self._step_chunk(cid, t, sides, cfg, now, issued_before + issued)
             issued += more
-            if older and more == 0 and sum(waiting[t]) and status != "waiting_for_budget" and _closed(t, cfg, now):
+            if not older:
+                continue
+            if more == 0 and sum(waiting[t]) and status != "waiting_for_budget" and _closed(t, cfg, now):
                 quiet[t] = waiting[t]
             else:
                 quiet.pop(t, None)
