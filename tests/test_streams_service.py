@@ -10,6 +10,8 @@ What a user watching the API must never see, and what closed chunks must get rig
 * a closed chunk whose population differs from the records sent into it;
 * closed chunks missing their true precision more often than the confidence allows,
   also when the precision drops half-way through every chunk;
+* a closed chunk reported converged before the answers for its latest arrivals are in (its
+  figures would still move, and lean towards the start of the chunk);
 * labelling that waits for the budget without saying so;
 * a new classifier without its K strata in its first chunk;
 * a skipped or an expired request not counted as such, or an answer that came after its
@@ -145,6 +147,10 @@ def _settled(chunk: dict | None) -> bool:
     return chunk is not None and chunk["closed"] and chunk["status"] in ("converged", "exhausted")
 
 
+#: What a settled (closed, converged or exhausted) chunk reports for good.
+FINAL = ("labels", "estimate", "ci_lower", "ci_upper", "status")
+
+
 def _halfwidth(doc: dict) -> float:
     return (doc["ci_upper"] - doc["ci_lower"]) / 2
 
@@ -209,6 +215,8 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
                 docs = await wait_for(settled, last_end - time.time() + 90, "the streamed chunks to close and settle")
                 reviewer.done = True
                 sloppy = await wait_for(reviewer.counted, 60, "every skipped and too-late answer to be counted")
+                later = await settled()  # a settled chunk's verdict is final: nothing folded since
+                assert later is not None, "a settled chunk is no longer converged or exhausted"
                 budget_metrics = (await run.get("/metrics"))[1].decode()
                 budget_doc = orjson.loads((await run.get("/v1/classifiers/budget"))[1])
             finally:
@@ -219,6 +227,8 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
     for cid in honest:
         for t in chunks:
             chunk = docs[cid][start_iso(t)]
+            again = later[cid][start_iso(t)]
+            assert [again[k] for k in FINAL] == [chunk[k] for k in FINAL], (cid, t, chunk, again)
             labels = stream.sent[(cid, t)]
             truth = sum(labels) / len(labels)
             assert chunk["population"] == len(labels), (cid, t, chunk["population"], len(labels))

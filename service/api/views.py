@@ -68,7 +68,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "labels": sum(int(side.n.sum()) for side, _, _ in sides),
         "population": sum(int(side.N.sum()) for side, _, _ in sides),
         "rounds": max(side.round for side, _, _ in sides),
-        "status": _status(cs if cs.N.sum() else negatives, metrics, cfg.delta),
+        "status": _status(cs if cs.N.sum() else negatives, metrics, cfg.delta, closed),
         "closed": closed,
         "calibration": calibration_doc(calibration),
         "strata": strata,
@@ -116,11 +116,15 @@ def _lateness(cfg) -> float:
     return float(getattr(cfg, "allowed_lateness_seconds", 300))
 
 
-def _status(lead: ChunkState, metrics: dict, delta: float) -> str:
+def _status(lead: ChunkState, metrics: dict, delta: float, closed: bool) -> str:
     """The loop's status, but never `converged` while an enabled metric's interval is wider than
-    delta (the loop may not have run since the population grew or the chunk closed)."""
+    delta (the loop may not have run since the population grew or the chunk closed), nor for a
+    closed chunk before the loop has judged it closed (its sample may still lack the answers of
+    the latest arrivals, `streams.chunk_status`)."""
     if lead.status != "converged":
         return lead.status
+    if closed and not lead.status_closed:
+        return "open"
     narrow = all(m["ci_lower"] is not None and (m["ci_upper"] - m["ci_lower"]) / 2 <= delta
                  for m in metrics.values())
     return "converged" if narrow else "open"

@@ -204,9 +204,9 @@ class RequestLoop:
         return active + [t for t in reversed(sampled[:-streams.ACTIVE_CHUNKS]) if t not in finished]
 
     def _finished_chunk(self, cid: str, t: int, live: list, cfg, now: int) -> bool:
-        """Whether older chunk `t` is closed with a `streams.FINISHED` status (its lead side's):
-        then it is noted, and not read again."""
-        if live[0].status in streams.FINISHED and _closed(t, cfg, now):
+        """Whether older chunk `t` is closed with a `streams.FINISHED` status (its lead side's) judged
+        after it closed: then it is noted, and not read again."""
+        if live[0].status in streams.FINISHED and live[0].status_closed and _closed(t, cfg, now):
             self._finished[cid].add(t)
             return True
         return False
@@ -296,8 +296,9 @@ class RequestLoop:
                                           closed=closed, target=target, variance_ratio=ratio, spread_scale=scale)
         due, taus, left = await self._due_by_side(sides, tau, want)
         budget = max(0, await self._budget_left([sd.state_id for sd in sides], cfg, now, issued_before))
+        complete = pending == 0 and not due  # the threshold sample is all labelled
         status = str(streams.chunk_status(streak, halfwidth, cfg.delta, cfg.stop_rounds, closed,
-                                          left == 0 and pending == 0 and not due, len(due) > budget))
+                                          left == 0 and complete, len(due) > budget, complete))
         chosen = due[:budget]
         issued = 0
         for sd, tau_side in zip(sides, taus):
@@ -305,8 +306,8 @@ class RequestLoop:
                     if side_id == sd.state_id]
             if mine:
                 issued += await self._request(cid, sd, now, mine, tau_side)
-        if chosen or status != cs0.status:
-            await self.store.set_status(lead.state_id, t, status)
+        if chosen or status != cs0.status or closed != cs0.status_closed:
+            await self.store.set_status(lead.state_id, t, status, closed)
         # remembered only once every write of the step went through: a step cut short plans again
         self._seen[cid][t] = seen
         return issued, status

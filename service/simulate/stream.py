@@ -363,10 +363,11 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             overflow[rows] |= (req_k[rows] + unissued > s.reservoir_size).any(axis=1)
             # stop: closed, nothing pending, and converged or nothing left; or the time cap
             left = (N[rows] - req_k[rows] - unissued).sum(axis=1)  # arrived items above the thresholds
-            nothing_left = (left == 0) & ready & (n_due[rows] == 0)
+            complete = ready & (n_due[rows] == 0)
+            nothing_left = (left == 0) & complete
             finished = ready & (converged | nothing_left)
             done = closed & (finished | capped)
-            status = streams.chunk_status(st, hw, s.delta, s.stop_rounds, closed, nothing_left, blocked[rows])
+            status = streams.chunk_status(st, hw, s.delta, s.stop_rounds, closed, nothing_left, blocked[rows], complete)
             status_now[rows] = status
             if trace_runs:
                 for i in np.flatnonzero(rows < trace_runs):

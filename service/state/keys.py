@@ -12,7 +12,9 @@ Per classifier ``<prefix>:{cid}:...``
   chunks              zset   chunk id -> chunk id (chunks with data)
   c:<t>:meta          hash   cuts (JSON), cuts_version, provisional ("1" while the chunk has one
                              stratum until RESTRATIFY), opened_ms, round, evaluated_round,
-                             streak, status (OPEN_CHUNK, EVALUATE_ROUND, the request loop);
+                             streak, status (OPEN_CHUNK, EVALUATE_ROUND, the request loop),
+                             status_closed ("1" once the loop judged the status of the closed
+                             chunk);
                              min, max (score range, repr), first_ms, last_ms (wall-clock time
                              of the first and last arrival) (INGEST); tau (JSON, per stratum
                              the inclusion threshold of the last requests, ISSUE)

@@ -48,6 +48,7 @@ class Reads:
                 np.asarray(orjson.loads(meta["tau"]), dtype=float) if "tau" in meta else None,
                 int(meta.get("first_ms", -1)), int(meta.get("last_ms", -1)),
                 provisional=meta.get("provisional") == "1",
+                status_closed=meta.get("status_closed", "1") == "1",  # absent: stored before the field was
             ))
         return out
 

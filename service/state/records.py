@@ -30,6 +30,7 @@ class ChunkState:
     first_ms: int = -1  # wall-clock time of the chunk's first and last arrival
     last_ms: int = -1
     provisional: bool = False  # one stratum until its items let RESTRATIFY set its K strata: never sample it
+    status_closed: bool = False  # `status` was judged after the chunk closed (its final verdict)
 
     @property
     def strata(self) -> int:

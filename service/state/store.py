@@ -307,9 +307,10 @@ class Store(Reads, ScriptCalls):
                 del known[rid]
         return out
 
-    async def set_status(self, cid: str, t: int, status: str) -> None:
-        """The chunk's status as the request loop last saw it (derived state, not guarded)."""
-        await self.redis.hset(self.keys.chunk_meta(cid, t), "status", status)
+    async def set_status(self, cid: str, t: int, status: str, closed: bool) -> None:
+        """The chunk's status as the request loop last saw it (derived state, not guarded), and
+        whether it saw the chunk closed (`ChunkState.status_closed`)."""
+        await self.redis.hset(self.keys.chunk_meta(cid, t), mapping={"status": status, "status_closed": int(closed)})
 
     async def sampled(self, cid: str, t: int, item_ids: list[str]) -> list[bool]:
         if not item_ids:

@@ -496,13 +496,25 @@ def threshold_after(tau: float, free_priorities, extra: int) -> float:
     return max(tau, float(free[min(extra, free.size) - 1]))
 
 
-def chunk_status(streak, halfwidth, delta: float, stop_rounds: int, closed, nothing_left, budget_blocked) -> np.ndarray:
+def chunk_status(streak, halfwidth, delta: float, stop_rounds: int, closed, nothing_left, budget_blocked,
+                 complete=True) -> np.ndarray:
     """``converged`` once the reported half-width is <= delta and has been for
-    `stop_rounds` evaluations (Bennett & Carvalho's T-round rule); else
-    ``waiting_for_budget`` when requests wait for the hourly budget;
-    ``exhausted`` when a closed chunk has nothing left to sample; else ``open``."""
+    `stop_rounds` evaluations (Bennett & Carvalho's T-round rule), and for a closed
+    chunk only once its sample is `complete`; else ``waiting_for_budget`` when
+    requests wait for the hourly budget; ``exhausted`` when a closed chunk has
+    nothing left to sample; else ``open``.
+
+    `complete`: no request outstanding and no item at or below its stratum's
+    threshold left unrequested.  Only then are the labelled items the whole
+    threshold sample ``{u_i < tau_k}`` (module docstring); before, they lack the
+    items requested last, which while items arrive are the latest arrivals, so a
+    closed chunk's interval would lean towards the start of the chunk (an open
+    chunk's interval is the items so far anyway, and its status may say
+    ``converged`` between two arrivals)."""
     hw = np.asarray(halfwidth, dtype=float)
+    closed = np.asarray(closed, dtype=bool)
     met = np.isfinite(hw) & (hw <= delta) & (np.asarray(streak) >= stop_rounds)
+    met &= ~closed | np.asarray(complete, dtype=bool)
     out = np.where(np.asarray(budget_blocked, dtype=bool), "waiting_for_budget", "open")
-    out = np.where(np.asarray(closed, dtype=bool) & np.asarray(nothing_left, dtype=bool), "exhausted", out)
+    out = np.where(closed & np.asarray(nothing_left, dtype=bool), "exhausted", out)
     return np.where(met, "converged", out)

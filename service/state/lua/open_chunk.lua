@@ -4,7 +4,7 @@
 local meta = KEYS[1]
 if redis.call('HSETNX', meta, 'cuts', ARGV[1]) == 1 then
   redis.call('HSET', meta, 'opened_ms', ARGV[2], 'round', 0, 'evaluated_round', 0, 'streak', 0,
-             'status', 'open', 'cuts_version', 0)
+             'status', 'open', 'status_closed', 0, 'cuts_version', 0)
   if ARGV[3] == '1' then redis.call('HSET', meta, 'provisional', '1') end
 end
 local f = redis.call('HMGET', meta, 'cuts', 'cuts_version', 'provisional')
