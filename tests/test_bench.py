@@ -82,6 +82,9 @@ def test_bench_rejects_a_bad_record_count(capsys):
     (["--loop-pass", "--all-metrics", "--repeat", "3"], "--all-metrics, --repeat: not with --loop-pass"),
     (["--loop-pass", "--kafka", "localhost:9092"], "--kafka: not with --loop-pass"),
     (["--older-chunks", "4"], "--older-chunks goes with --loop-pass"),
+    (["--ingest-cpu", "--kafka", "localhost:9092", "--serve"], "--kafka, --serve: not with --ingest-cpu"),
+    (["--ingest-cpu", "--loop-pass"], "--loop-pass, --ingest-cpu: one at a time"),
+    (["--ingest-cpu", "--older-chunks", "2"], "--older-chunks goes with --loop-pass"),
 ])
 def test_bench_refuses_options_that_do_not_go_together(argv, message, capsys):
     from stratameter.cli import main
@@ -147,7 +150,7 @@ def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
 
     args = argparse.Namespace(records=600, classifiers=2, partitions=1, kafka=kafka_bootstrap, redis=redis_url,
                               seed=0, json=True, all_metrics=False, redis_cluster=False, serve=0, serve_load=0.5,
-                              repeat=1, loop_pass=False, older_chunks=None)
+                              repeat=1, loop_pass=False, ingest_cpu=False, older_chunks=None)
     assert bench_main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
@@ -169,6 +172,32 @@ def test_bench_loop_pass_reads_no_quiet_older_chunk(redis_url, capsys):
     assert slow["requests_pending_per_classifier"] > floor["requests_pending_per_classifier"] > 0
     assert 0 < slow["redis_commands_per_classifier"] <= floor["redis_commands_per_classifier"] + 2
     assert slow["ms_per_classifier"] > 0 and doc["vs_newest_two_only"] > 0
+
+
+def test_partition_batches_take_the_partitions_in_turn():
+    from stratameter.bench.ingest_cpu import partition_batches
+
+    which = np.array([0, 1, 0, 2, 0, 1, 0])  # classifier of each record; 2 partitions: 0, 1, 0, 0, 0, 1, 0
+    values = [f"v{i}".encode() for i in range(7)]
+    out = partition_batches(which, values, 2, 2)
+    assert [(p, o.tolist(), v) for p, o, v in out] == [
+        (0, [0, 1], [b"v0", b"v2"]), (1, [0, 1], [b"v1", b"v5"]), (0, [2, 3], [b"v3", b"v4"]), (0, [4], [b"v6"])]
+
+
+def test_bench_ingest_cpu_counts_every_record_of_both_ingests(redis_url, capsys):
+    """`--ingest-cpu` through the real command line: both ingests apply both halves (it fails unless
+    Redis counted every record) and report the CPU per record of each half."""
+    from stratameter.cli import main
+
+    assert main(["bench", "--ingest-cpu", "--records", "3000", "--classifiers", "4", "--partitions", "2",
+                 "--redis", redis_url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["records"] == 3000 and len(doc["runs"]) == doc["repeat"] == 1
+    for half in ("filling", "full"):
+        cpu = doc[half]["cpu_us_per_record"]
+        assert set(cpu) == {"precision", "all_metrics"}
+        assert all(cpu[name]["python"] > 0 and cpu[name]["redis"] >= 0 for name in cpu)
+        assert doc[half]["python_ratio"] > 0 and doc[half]["both_ratio"] > 0
 
 
 def test_bench_on_a_cluster_and_serving(kafka_bootstrap, redis_url, redis_cluster_url, capsys):

@@ -29,20 +29,30 @@ DESCRIPTION = (
 
 #: --loop-pass's default --older-chunks.
 OLDER_CHUNKS = 12
-#: The options of the ingest measurement (option -> attribute): given with --loop-pass, they are
-#: refused (the request loop's bench reads no Kafka and runs once), not ignored.
+#: The options of the Kafka ingest measurement (option -> attribute).  Those a mode does not use
+#: (`_MODES`) are refused with it, not ignored.
 _INGEST_ONLY = {"--records": "records", "--partitions": "partitions", "--kafka": "kafka", "--seed": "seed",
                 "--all-metrics": "all_metrics", "--redis-cluster": "redis_cluster", "--serve": "serve",
                 "--serve-load": "serve_load", "--repeat": "repeat"}
+#: The modes instead of the Kafka ingest: (attribute, what it is, the options of `_INGEST_ONLY` it uses).
+_MODES = {"--loop-pass": ("loop_pass", "no Kafka, one run", ()),
+          "--ingest-cpu": ("ingest_cpu", "no Kafka, both ingests", ("--records", "--partitions", "--seed", "--repeat"))}
 
 
 def _misplaced(args) -> str | None:
     """The error for options that do not go together, or None (`ingest_defaults`: the parser's
     defaults of `_INGEST_ONLY`, set by `add_parser`)."""
-    if not getattr(args, "loop_pass", False):
-        return "--older-chunks goes with --loop-pass" if getattr(args, "older_chunks", None) else None
-    given = [opt for opt, name in _INGEST_ONLY.items() if getattr(args, name) != args.ingest_defaults[name]]
-    return f"{', '.join(given)}: not with --loop-pass (no Kafka, one run)" if given else None
+    modes = [opt for opt, (name, _, _) in _MODES.items() if getattr(args, name, False)]
+    if len(modes) > 1:
+        return f"{', '.join(modes)}: one at a time"
+    if getattr(args, "older_chunks", None) and modes != ["--loop-pass"]:
+        return "--older-chunks goes with --loop-pass"
+    if not modes:
+        return None
+    _, what, uses = _MODES[modes[0]]
+    given = [opt for opt, name in _INGEST_ONLY.items()
+             if opt not in uses and getattr(args, name) != args.ingest_defaults[name]]
+    return f"{', '.join(given)}: not with {modes[0]} ({what})" if given else None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -75,6 +85,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of the ingest: the request loop's pass per classifier (milliseconds, Redis "
                         "commands) when --older-chunks closed chunks per classifier still await their answers "
                         "(slow reviewers), against the newest two chunks alone, in the same run; no Kafka")
+    p.add_argument("--ingest-cpu", action="store_true",
+                   help="instead of the Kafka ingest: the CPU microseconds per record of this process and of Redis "
+                        "when the records are parsed and applied straight into Redis, precision alone and every "
+                        "metric on the same records, over the first --records of a chunk (its reservoirs filling) "
+                        "and the next --records (full); medians of --repeat; no Kafka")
     p.add_argument("--older-chunks", type=_positive_int, default=None, metavar="M",
                    help=f"with --loop-pass: closed chunks per classifier awaiting answers (default {OLDER_CHUNKS})")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -94,6 +109,8 @@ def main(args) -> int:
         return 2
     if args.loop_pass:
         return _loop_pass(args)
+    if args.ingest_cpu:
+        return _ingest_cpu(args)
     try:
         result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
                        seed=args.seed, log=log, all_metrics=args.all_metrics,
@@ -134,6 +151,35 @@ def _loop_pass(args) -> int:
         r = doc[key]
         t.add_row(what, f"{r['ms_per_classifier']:.2f}", f"{r['cpu_ms_per_classifier']:.2f}",
                   f"{r['redis_commands_per_classifier']:.0f}", f"{r['requests_pending_per_classifier']:.0f}")
+    Console().print(t)
+    return 0
+
+
+def _ingest_cpu(args) -> int:
+    from .ingest_cpu import HALVES, INGESTS, run
+
+    try:
+        doc = run(args.redis, args.records, args.classifiers, args.partitions, args.seed, args.repeat)
+    except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
+        print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"CPU microseconds per record, no Kafka: {doc['records']:,} records of a chunk and the next "
+                    f"{doc['records']:,}, {doc['classifiers']} classifiers, {doc['partitions']} partitions, batches "
+                    f"of {doc['batch_max_records']} (medians of {doc['repeat']})")
+    for col in ("records", "ingest", "this process", "Redis", "precision / every metric: process", "both"):
+        t.add_column(col, justify="right")
+    for half in HALVES:
+        for name in INGESTS:
+            cpu, r = doc[half]["cpu_us_per_record"][name], doc[half]
+            last = name == "all_metrics"
+            t.add_row(half, name, f"{cpu['python']:.3f}", f"{cpu['redis']:.3f}",
+                      f"{r['python_ratio']:.3f}" if last else "", f"{r['both_ratio']:.3f}" if last else "")
     Console().print(t)
     return 0
 

@@ -1,0 +1,123 @@
+"""`stratameter bench --ingest-cpu`: the ingest's work per record, precision alone against every
+metric, without Kafka and its scheduling noise.  The bench's records (`core.score_values`, twice
+`--records` of them in one chunk, distinct items) are parsed (`parse_scores`) and applied
+(`ScoreIngestor.prepare` then `submit`) a partition batch at a time, the partitions' batches taken
+in turn as a poll brings them, into Redis; the CPU seconds of this process and of Redis (``INFO
+cpu``) are taken over the first `--records` (the chunk's reservoirs filling) and over the next
+`--records` (full: a candidate enters only under the largest priority kept).  The same records for
+both ingests, each on fresh keys, medians of `--repeat`.  The service's consume pipeline overlaps
+this process's work with Redis's; here they take turns, so wall time is not reported."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import numpy as np
+
+#: STRATAMETER_METRICS of the two ingests compared.
+INGESTS = {"precision": "precision", "all_metrics": "precision,recall,f1,accuracy"}
+#: The two halves of the stream timed apart.
+HALVES = ("filling", "full")
+
+
+def partition_batches(which: np.ndarray, values: list[bytes], partitions: int, batch: int
+                      ) -> list[tuple[int, np.ndarray, list[bytes]]]:
+    """(partition, offsets, values) of `batch` records at most, the partitions in turn: classifier
+    c's records go to partition c % partitions, as the bench produces them."""
+    by_partition: list[list[int]] = [[] for _ in range(partitions)]
+    for i, c in enumerate(which.tolist()):
+        by_partition[c % partitions].append(i)
+    out, at = [], [0] * partitions
+    while any(at[p] < len(by_partition[p]) for p in range(partitions)):
+        for p in range(partitions):
+            rows = by_partition[p][at[p]:at[p] + batch]
+            if rows:
+                out.append((p, np.arange(at[p], at[p] + len(rows)), [values[i] for i in rows]))
+                at[p] += len(rows)
+    return out
+
+
+async def _cpu_seconds(redis) -> float:
+    info = await redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: int, cids: list[str],
+                     seed: int) -> dict[str, dict[str, float]]:
+    """Apply each half's batches with these metrics on fresh keys: per half, CPU microseconds per
+    `records` of this process (``python``) and of Redis (``redis``).  Raises unless Redis counted
+    every record applied."""
+    from ..config import load_settings
+    from ..ingest.ingestor import ScoreIngestor
+    from stratameter.schemas.parse import parse_scores
+    from ..state.client import connect
+    from ..state.store import Store
+    from .ingest import counted
+
+    prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_REDIS_KEY_PREFIX": prefix,
+                              "STRATAMETER_METRICS": metrics})
+    redis = connect(settings)
+    ingestor = ScoreIngestor(Store(redis, prefix), settings, np.random.default_rng(seed))
+    out = {}
+    try:
+        for name, batches in zip(HALVES, halves):
+            redis0, cpu0 = await _cpu_seconds(redis), time.process_time()
+            for partition, offsets, values in batches:
+                batch, _ = parse_scores(values, [0] * len(values), settings.threshold_for)
+                await ingestor.submit(await ingestor.prepare(
+                    partition, offsets[batch.index], batch.classifier_id, batch.item_id, batch.score,
+                    batch.predicted_positive, batch.event_time_ms, batch.context))
+            python_s, redis_s = time.process_time() - cpu0, await _cpu_seconds(redis) - redis0
+            out[name] = {"python": round(python_s / records * 1e6, 3), "redis": round(redis_s / records * 1e6, 3)}
+        total, sent = await counted(redis, prefix, cids), sum(len(o) for batches in halves for _, o, _ in batches)
+        if total != sent:
+            raise RuntimeError(f"Redis counted {total} of {sent} records ({metrics})")
+    finally:
+        await redis.aclose()
+    return out
+
+
+async def ingest_cpu_bench(redis_url: str, records: int, classifiers: int, partitions: int, batch: int,
+                           seed: int, repeat: int) -> dict:
+    """`one_ingest` for each of `INGESTS`, in turn, `repeat` times; medians per half, and the ratios
+    precision / every metric of this process's CPU per record and of both processes'."""
+    from .core import classifier_ids, score_values
+
+    which, values = score_values(2 * records, classifiers, seed=seed)
+    halves = [partition_batches(which[s], values[s], partitions, batch)
+              for s in (slice(0, records), slice(records, 2 * records))]
+    # the second half's offsets follow the first's in every partition
+    ends = {p: int(o[-1]) + 1 for p, o, _ in halves[0]}
+    halves[1] = [(p, o + ends.get(p, 0), v) for p, o, v in halves[1]]
+    cids = classifier_ids(classifiers)
+    for metrics in INGESTS.values():  # untimed: the first ingest of a process would pay the warm-up
+        await one_ingest(redis_url, metrics, [h[:2] for h in halves], records, cids, seed)
+    runs = [{name: await one_ingest(redis_url, metrics, halves, records, cids, seed + rep)
+             for name, metrics in INGESTS.items()} for rep in range(repeat)]
+    doc: dict = {"records": records, "classifiers": classifiers, "partitions": partitions,
+                 "batch_max_records": batch, "repeat": repeat}
+    for half in HALVES:
+        median = {name: {proc: float(np.median([r[name][half][proc] for r in runs])) for proc in ("python", "redis")}
+                  for name in INGESTS}
+        p, a = median["precision"], median["all_metrics"]
+        doc[half] = {"cpu_us_per_record": median, "python_ratio": round(p["python"] / a["python"], 3),
+                     "both_ratio": round((p["python"] + p["redis"]) / (a["python"] + a["redis"]), 3)}
+    doc["runs"] = runs
+    return doc
+
+
+def run(redis: str | None, records: int, classifiers: int, partitions: int, seed: int, repeat: int) -> dict:
+    """`ingest_cpu_bench` against `redis`, or an embedded Redis, in batches of the service's default
+    STRATAMETER_BATCH_MAX_RECORDS."""
+    from contextlib import ExitStack
+
+    from ..config import Settings
+    from ..embedded import EmbeddedRedis
+
+    batch = int(Settings.model_fields["batch_max_records"].default)
+    with ExitStack() as stack:
+        url = redis or stack.enter_context(EmbeddedRedis()).url
+        return asyncio.run(ingest_cpu_bench(url, records, classifiers, partitions, batch, seed, repeat))
