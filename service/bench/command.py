@@ -108,36 +108,37 @@ def main(args) -> int:
         print(f"stratameter bench: {wrong}", file=sys.stderr)
         return 2
     if args.loop_pass:
-        return _loop_pass(args)
+        from . import loop_pass
+
+        return _report(args, lambda: loop_pass.run(args.redis, args.classifiers, args.older_chunks or OLDER_CHUNKS),
+                       _loop_pass_table)
     if args.ingest_cpu:
-        return _ingest_cpu(args)
+        from . import ingest_cpu
+
+        return _report(args, lambda: ingest_cpu.run(args.redis, args.records, args.classifiers, args.partitions,
+                                                    args.seed, args.repeat), _ingest_cpu_table)
+    return _report(args, lambda: bench(args.records, args.classifiers, args.partitions, kafka=args.kafka,
+                                       redis=args.redis, seed=args.seed, log=log, all_metrics=args.all_metrics,
+                                       redis_cluster=args.redis_cluster, serve=args.serve,
+                                       serve_load=args.serve_load, repeat=args.repeat).as_json(), _table)
+
+
+def _report(args, measure, table) -> int:
+    """Run `measure` (a benchmark: its JSON document) and print the document as one JSON line or,
+    without --json, as `table` draws it; an error is reported in one line, not a traceback."""
     try:
-        result = bench(args.records, args.classifiers, args.partitions, kafka=args.kafka, redis=args.redis,
-                       seed=args.seed, log=log, all_metrics=args.all_metrics,
-                       redis_cluster=args.redis_cluster, serve=args.serve, serve_load=args.serve_load,
-                       repeat=args.repeat)
+        doc = measure()
     except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
         print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    doc = result.as_json()
     if args.json:
         print(json.dumps(doc))
-        return 0
-    _table(doc)
+    else:
+        table(doc)
     return 0
 
 
-def _loop_pass(args) -> int:
-    from .loop_pass import run
-
-    try:
-        doc = run(args.redis, args.classifiers, args.older_chunks or OLDER_CHUNKS)
-    except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
-        print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(doc))
-        return 0
+def _loop_pass_table(doc: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -152,22 +153,13 @@ def _loop_pass(args) -> int:
         t.add_row(what, f"{r['ms_per_classifier']:.2f}", f"{r['cpu_ms_per_classifier']:.2f}",
                   f"{r['redis_commands_per_classifier']:.0f}", f"{r['requests_pending_per_classifier']:.0f}")
     Console().print(t)
-    return 0
 
 
-def _ingest_cpu(args) -> int:
-    from .ingest_cpu import HALVES, INGESTS, run
-
-    try:
-        doc = run(args.redis, args.records, args.classifiers, args.partitions, args.seed, args.repeat)
-    except Exception as exc:  # noqa: BLE001 - a benchmark error is reported, not a traceback
-        print(f"stratameter bench: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(doc))
-        return 0
+def _ingest_cpu_table(doc: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from .ingest_cpu import HALVES, INGESTS
 
     t = Table(title=f"CPU microseconds per record, no Kafka: {doc['records']:,} records of a chunk and the next "
                     f"{doc['records']:,}, {doc['classifiers']} classifiers, {doc['partitions']} partitions, batches "
@@ -181,7 +173,6 @@ def _ingest_cpu(args) -> int:
             t.add_row(half, name, f"{cpu['python']:.3f}", f"{cpu['redis']:.3f}",
                       f"{r['python_ratio']:.3f}" if last else "", f"{r['both_ratio']:.3f}" if last else "")
     Console().print(t)
-    return 0
 
 
 def _table(doc: dict) -> None:
