@@ -97,3 +97,71 @@ async def test_a_chunk_closed_with_unanswered_requests_is_open_until_they_are_in
     cs = (await store.chunks("late", [t]))[0]
     assert cs.status_closed and int(cs.n.sum()) == cs.evaluated_round
     assert await loop.step("late") == 0 and await status() == ("converged", "converged")
+
+
+async def test_a_chunk_that_closes_behind_the_newest_two_gets_its_verdict_with_the_budget_spent(
+        store: Store, monkeypatch):
+    """With a lateness longer than a chunk, a chunk closes after two newer ones have started: the
+    loop then steps it as an older chunk, which it reads only when the hour's budget has room.  A
+    verdict needs no budget: with the budget spent, the chunk that converged while open is still
+    judged closed, and does not read `open` until the budget comes back."""
+    clock = [time.time()]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    settings = load_settings({"STRATAMETER_REDIS_URL": "redis://unused", "STRATAMETER_CHUNK_SECONDS": str(CHUNK_S),
+                              "STRATAMETER_ALLOWED_LATENESS_SECONDS": str(5 * CHUNK_S),
+                              "STRATAMETER_INSTANCE_ID": "me", "STRATAMETER_DELTA": "0.45",
+                              "STRATAMETER_STOP_ROUNDS": "1", "STRATAMETER_MAX_LABELS_PER_HOUR": "1000"})
+    cfg = settings.for_classifier("behind")
+    t = int(clock[0]) // CHUNK_S
+    clock[0] = t * CHUNK_S + 5.0
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    offsets = iter(range(10_000))
+
+    async def arrive(n: int, chunk: int) -> None:
+        offs = [next(offsets) for _ in range(n)]
+        await ingest.apply(0, np.array(offs), ["behind"] * n, [f"i{o}" for o in offs], 0.5 + rng.random(n) / 2,
+                           np.ones(n, bool), np.full(n, chunk * CHUNK_S * 1000 + 1000), [None] * n)
+
+    async def answer_all() -> None:
+        for rid in [r.decode() for r in await store.redis.zrange(store.keys.pending("behind"), 0, -1)]:
+            await store.apply_labels([("behind", 0, next(offsets), rid, "1" if rng.random() < 0.8 else "0",
+                                       int(clock[0] * 1000), "rev")])
+
+    async def status() -> tuple[str, str]:
+        cs = (await store.chunks("behind", [t]))[0]
+        doc = await classifier_view(store, "behind", cfg)
+        return cs.status, next(c for c in [doc, *doc["history"]] if c["chunk"]["start"] == start_iso(t))["status"]
+
+    async def publish(records):
+        pass
+
+    loop = RequestLoop(store, settings, publish)
+    assert await store.acquire_lease("behind", "me", 3_600_000)
+    for _ in range(4):
+        await arrive(100, t)
+        clock[0] += 5
+    for _ in range(10):  # converges while open, with every answer in
+        await loop.step("behind")
+        await answer_all()
+        await loop.step("behind")
+        if (await status())[0] == "converged":
+            break
+    assert await status() == ("converged", "converged")
+    for newer in (t + 1, t + 2):  # two newer chunks start: chunk t is now an older one, still open
+        clock[0] = newer * CHUNK_S + 5.0
+        await arrive(100, newer)
+        await loop.step("behind")
+    clock[0] = (t + 1) * CHUNK_S + 5 * CHUNK_S + 1.0  # chunk t closes, and the hour's budget is spent
+    hour = str(int(clock[0] * 1000) // 3_600_000)
+    await store.redis.hincrby(store.keys.hourly("behind"), hour, 1_000_000)
+    assert await status() == ("converged", "open")  # not judged since it closed
+    assert await loop.step("behind") == 0
+    assert await status() == ("converged", "converged")
+    assert (await store.chunks("behind", [t]))[0].status_closed
+
+
+def start_iso(t: int) -> str:
+    from stratameter.schemas.messages import format_time
+
+    return format_time(t * CHUNK_S * 1000)

@@ -97,11 +97,15 @@ class RequestLoop:
         # per classifier, per older chunk whose last step changed nothing: its pending requests per
         # state then (`_step_chunks` reads it again only once they change)
         self._quiet: dict[str, dict[int, tuple]] = {}
+        # per classifier, the chunks whose last step found them finished while still open: each needs
+        # one step once it has closed, to be judged closed (`streams.chunk_status`), budget or not
+        self._unjudged: dict[str, dict[int, bool]] = {}
 
     def forget_unowned(self, owned: set[str]) -> None:
         """Drop what this loop remembers of the classifiers not in `owned` (a lease lost: another
         instance steps them meanwhile, so what was remembered may be stale when it comes back)."""
-        for cache in (self._seen, self._quiet, self._finished, self._priors, self._purged, self._request_chunks):
+        for cache in (self._seen, self._quiet, self._unjudged, self._finished, self._priors, self._purged,
+                      self._request_chunks):
             for key in [k for k in cache if owner_of(k)[0] not in owned]:
                 del cache[key]
 
@@ -146,8 +150,11 @@ class RequestLoop:
         pending = {sid: await self._pending_by_chunk(sid) for sid, _ in states}
         active, older = stepped[:streams.ACTIVE_CHUNKS], stepped[streams.ACTIVE_CHUNKS:]
         issued = await self._step_chunks(cid, states, pending, active, cfg, now, 0, older=False)
-        # older chunks are read only when the hour's budget has room for them
-        if older and await self._budget_left([sid for sid, _ in states], cfg, now, issued) > 0:
+        # older chunks are read only when the hour's budget has room for them, but for a verdict
+        if older and await self._budget_left([sid for sid, _ in states], cfg, now, issued) <= 0:
+            unjudged = self._unjudged.get(cid, {})
+            older = [t for t in older if t in unjudged and _closed(t, cfg, now)]
+        if older:
             issued += await self._step_chunks(cid, states, pending, older, cfg, now, issued, older=True)
         return issued
 
@@ -232,6 +239,7 @@ class RequestLoop:
             self._request_chunks.pop(sid, None)
         self._seen.pop(cid, None)
         self._quiet.pop(cid, None)
+        self._unjudged.pop(cid, None)
         self._finished.pop(cid, None)
         log.info("forgot a silent classifier", extra={"classifier": cid, "newest_chunk": newest})
         return True
@@ -239,7 +247,8 @@ class RequestLoop:
     def _forget_inactive(self, cid: str, states, started: list[int]) -> None:
         """Keep the per-chunk caches of the chunks the loop steps only: a long-running replica
         must not gain an entry per classifier and chunk for good."""
-        for cache, key in [(self._seen, cid), (self._quiet, cid)] + [(self._priors, sid) for sid, _ in states]:
+        for cache, key in [(self._seen, cid), (self._quiet, cid), (self._unjudged, cid)] + [
+                (self._priors, sid) for sid, _ in states]:
             by_chunk = cache.setdefault(key, {})
             for t in [t for t in by_chunk if t not in started]:
                 del by_chunk[t]
@@ -308,6 +317,11 @@ class RequestLoop:
                 issued += await self._request(cid, sd, now, mine, tau_side)
         if chosen or status != cs0.status or closed != cs0.status_closed:
             await self.store.set_status(lead.state_id, t, status, closed)
+        unjudged = self._unjudged.setdefault(cid, {})
+        if status in streams.FINISHED and not closed:
+            unjudged[t] = True
+        else:
+            unjudged.pop(t, None)
         # remembered only once every write of the step went through: a step cut short plans again
         self._seen[cid][t] = seen
         return issued, status
