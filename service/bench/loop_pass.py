@@ -45,6 +45,7 @@ async def one_setting(redis_url: str, classifiers: int, older: int) -> dict:
     `PASSES` more.  Per classifier and pass: wall and CPU milliseconds (medians), Redis commands."""
     from ..config import load_settings
     from ..requests.loop import RequestLoop
+    from ..stats import streams
     from ..state.client import connect
     from ..state.store import Store
 
@@ -63,6 +64,10 @@ async def one_setting(redis_url: str, classifiers: int, older: int) -> dict:
 
     try:
         await _state(store, settings, cids, older, int(time.time() * 1000))
+        # the newest chunk's items arrived in one burst: once it has been silent this long its stream has
+        # stopped (`streams.arrivals_flowing`), so every pass plans the same way whenever it runs (while
+        # it flows, the paced thresholds rise with the clock and a pass may issue a few more requests)
+        await asyncio.sleep(2 * streams.min_silence(CHUNK_SECONDS))
         loop = RequestLoop(store, settings, publish)
         for cid in cids:
             if not await store.acquire_lease(cid, "bench", 3_600_000):
