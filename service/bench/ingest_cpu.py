@@ -39,11 +39,6 @@ def partition_batches(which: np.ndarray, values: list[bytes], partitions: int, b
     return out
 
 
-async def _cpu_seconds(redis) -> float:
-    info = await redis.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
 async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: int, cids: list[str],
                      seed: int) -> dict[str, dict[str, float]]:
     """Apply each half's batches with these metrics on fresh keys: per half, CPU microseconds per
@@ -55,7 +50,7 @@ async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: 
     from ..ingest.ingestor import ScoreIngestor
     from ..state.client import connect
     from ..state.store import Store
-    from .ingest import counted
+    from .ingest import counted, redis_cpu_seconds
 
     prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
     settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_REDIS_KEY_PREFIX": prefix,
@@ -65,13 +60,13 @@ async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: 
     out = {}
     try:
         for name, batches in zip(HALVES, halves):
-            redis0, cpu0 = await _cpu_seconds(redis), time.process_time()
+            redis0, cpu0 = await redis_cpu_seconds(redis), time.process_time()
             for partition, offsets, values in batches:
                 batch, _ = parse_scores(values, [0] * len(values), settings.threshold_for)
                 await ingestor.submit(await ingestor.prepare(
                     partition, offsets[batch.index], batch.classifier_id, batch.item_id, batch.score,
                     batch.predicted_positive, batch.event_time_ms, batch.context))
-            python_s, redis_s = time.process_time() - cpu0, await _cpu_seconds(redis) - redis0
+            python_s, redis_s = time.process_time() - cpu0, await redis_cpu_seconds(redis) - redis0
             out[name] = {"python": round(python_s / records * 1e6, 3), "redis": round(redis_s / records * 1e6, 3)}
         total, sent = await counted(redis, prefix, cids), sum(len(o) for batches in halves for _, o, _ in batches)
         if total != sent:
