@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,7 @@ from ..labels.folder import LabelFolder
 from ..state.keys import UNKNOWN_LABELS_SCOPE
 from ..state.store import Store
 from .deadletters import DeadLetters
+from .records import KafkaRecord
 
 #: Dead-letter reasons of labels read but not folded (`LABEL_OUTCOME_REJECTS`): not invalid records.
 _LABEL_REJECT_REASONS = frozenset(LABEL_OUTCOME_REJECTS.values())
@@ -104,8 +105,8 @@ class BatchHandler:
         self.counts, self.dead_letters, self.wake = counts, dead_letters, wake
         self.admission = ClassifierAdmission(ingestor.store, settings.max_classifiers)
 
-    async def stage(self, tp: TopicPartition, records, window: tuple[int, int], retry: bool = False
-                    ) -> StagedBatch | None:
+    async def stage(self, tp: TopicPartition, records: Sequence[KafkaRecord], window: tuple[int, int],
+                    retry: bool = False) -> StagedBatch | None:
         """Parse a partition batch; for scores also aggregate it into INGEST calls.
         `window`: the event times accepted (`Settings.event_time_window`); a score outside it is
         dead-lettered (``event_time_in_future`` / ``event_time_too_late``) and creates no chunk.
@@ -147,7 +148,7 @@ class BatchHandler:
                             f"(STRATAMETER_MAX_CLASSIFIERS)"))
         return batch.subset(keep)
 
-    async def apply(self, tp: TopicPartition, records, staged: StagedBatch) -> None:
+    async def apply(self, tp: TopicPartition, records: Sequence[KafkaRecord], staged: StagedBatch) -> None:
         """Apply a staged partition batch: state, service-wide counts, dead letters (acked)."""
         offsets, batch, rejects = staged.offsets, staged.batch, staged.rejects
         if staged.prepared is not None:

@@ -12,6 +12,7 @@ from aiokafka.errors import KafkaError
 
 from ..config import Settings
 from .group import leave_group_on_stop
+from .records import install as install_own_records, own_records
 
 log = logging.getLogger("stratameter")
 
@@ -62,8 +63,10 @@ class KafkaClients:
         try:
             self.producer = AIOKafkaProducer(acks="all", linger_ms=5, enable_idempotence=False, **kafka)
             await self.producer.start()
+            install_own_records()  # the records come as aiokafka's own objects, unwrapped (`records`)
             self.consumer = AIOKafkaConsumer(
                 group_id=s.kafka_consumer_group, enable_auto_commit=False, auto_offset_reset="earliest",
+                value_deserializer=own_records,
                 session_timeout_ms=s.kafka_session_timeout_ms, heartbeat_interval_ms=500,
                 max_poll_records=s.batch_max_records, max_partition_fetch_bytes=FETCH_BYTES_PER_PARTITION,
                 fetch_max_wait_ms=FETCH_MAX_WAIT_MS, **kafka)

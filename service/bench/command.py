@@ -189,6 +189,8 @@ def _table(doc: dict) -> None:
     for name, rate, secs in (
         ("bare aiokafka, raw", doc["raw_consume_records_per_s"], doc["raw_seconds"]),
         ("bare aiokafka + orjson.loads", dec, doc["decode_seconds"]),
+        ("the same, aiokafka's own record objects", doc["raw_consume_decode_own_records_per_s"],
+         doc["records"] / doc["raw_consume_decode_own_records_per_s"]),
         ("service: Kafka -> Redis state", doc["service_records_per_s"], doc["service_seconds"]),
         *((("service, every metric (both sides)", doc["service_all_metrics_records_per_s"],
             doc["records"] / doc["service_all_metrics_records_per_s"]),) if "all_metrics_vs_precision" in doc else ()),

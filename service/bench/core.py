@@ -10,7 +10,10 @@ One run:
    none in the future, none for a closed chunk), a small ``context`` object;
 2. a bare aiokafka consumer (manually assigned, no group) reads them all without
    decoding: the raw rate;
-3. the same, ``orjson.loads`` on every value: the bare decode rate;
+3. the same, ``orjson.loads`` on every value: the bare decode rate, the standing bar's reference;
+   and once more taking aiokafka's own record objects as the service does (`app.records`), the
+   same consumer without aiokafka's `ConsumerRecord` wrapping: a reference the service's own
+   read cannot beat;
 4. a `stratameter.app.runner.Service` with a fresh consumer group consumes the topic
    (`consume_forever`, the ingest path; no request loop, no HTTP) until the
    classifiers' ``scores_total`` in Redis add up to ``records``.  On the way, when
@@ -56,6 +59,8 @@ class BenchResult:
     service_records_per_s: float
     raw_consume_decode_records_per_s: float
     raw_consume_records_per_s: float
+    # the bare decode consumer reading aiokafka's own record objects, as the service's consumer does
+    raw_consume_decode_own_records_per_s: float
     service_seconds: float
     service_join_seconds: float
     decode_seconds: float
@@ -100,6 +105,9 @@ class BenchResult:
             "ratio": round(self.ratio, 3),
             "redis_bytes_per_classifier": self.redis_bytes_per_classifier,
             "raw_consume_records_per_s": round(self.raw_consume_records_per_s),
+            "raw_consume_decode_own_records_per_s": round(self.raw_consume_decode_own_records_per_s),
+            "ratio_vs_own_records_decode": round(self._median_ratio(
+                "service", "decode_own", self.service_records_per_s / self.raw_consume_decode_own_records_per_s), 3),
             "records_counted": self.records_counted,
             "classifiers": self.classifiers,
             "partitions": self.partitions,
@@ -217,12 +225,17 @@ async def produce(bootstrap: str, topic: str, partitions: int, which: np.ndarray
 
 
 async def bare_consume(bootstrap: str, topic: str, partitions: int, records: int, decode: bool,
-                       max_records: int, timeout_s: float) -> float:
-    """Seconds from the first non-empty fetch to the last record read (and decoded)."""
+                       max_records: int, timeout_s: float, own: bool = False) -> float:
+    """Seconds from the first non-empty fetch to the last record read (and decoded); `own`:
+    taking aiokafka's own record objects (`app.records`), as the service's consumer does."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from ..app import records as own_records
+
+    own_records.install()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+                                auto_offset_reset="earliest",
+                                **({"value_deserializer": own_records.own_records} if own else {}))
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
@@ -310,6 +323,8 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
         raw_s = await bare_consume(kafka, names["scores"], partitions, records, False, max_records, timeout_s)
         log("bare consumer, orjson.loads per record" + tag)
         decode_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s)
+        log("bare consumer, orjson.loads per record, aiokafka's own record objects" + tag)
+        own_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s, own=True)
         log("service ingest path (fresh consumer group)" + tag)
         fresh = _fresh(env, rep)
         service_s, join_s, snaps, cpu = await service_consume(load_settings(fresh), cids, records,
@@ -318,14 +333,15 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
                               "every metric (both sides of the threshold)") if all_metrics else None
         cluster = await _ingest(_fresh(cluster_env, rep), cids, records, timeout_s, log,
                                 "on the Redis Cluster") if redis_cluster else None
-        runs.append((raw_s, decode_s, service_s, join_s, snaps, every, cluster))
+        runs.append((raw_s, decode_s, service_s, join_s, snaps, every, cluster, own_s))
         cpus.append({"service": cpu, **({"all_metrics": every[2]} if every else {}),
                      **({"cluster": cluster[2]} if cluster else {})})
-    rates = [{"raw": records / r[0], "decode": records / r[1], "service": records / r[2],
+    rates = [{"raw": records / r[0], "decode": records / r[1], "decode_own": records / r[7],
+              "service": records / r[2],
               **({"all_metrics": records / r[5][0]} if all_metrics else {}),
               **({"cluster": records / r[6][0]} if redis_cluster else {})} for r in runs]
     median = {k: float(np.median([r[k] for r in rates])) for k in rates[0]}
-    raw_s, decode_s, service_s, join_s, snaps, every, cluster = runs[0]
+    raw_s, decode_s, service_s, join_s, snaps, every, cluster, _ = runs[0]
     counted_records = min(r[4][-1]["records"] for r in runs)
     backends = {"redis": env, **({"cluster": cluster_env} if redis_cluster else {})}
     served = await _serve(backends, kafka, names, cids, stream, median["service"] * serve_load, serve, timeout_s,
@@ -333,7 +349,8 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     return BenchResult(
         records=records, classifiers=classifiers, partitions=partitions, batch_max_records=max_records,
         service_records_per_s=median["service"], raw_consume_decode_records_per_s=median["decode"],
-        raw_consume_records_per_s=median["raw"], service_seconds=records / median["service"],
+        raw_consume_records_per_s=median["raw"], raw_consume_decode_own_records_per_s=median["decode_own"],
+        service_seconds=records / median["service"],
         service_join_seconds=join_s, decode_seconds=records / median["decode"], raw_seconds=records / median["raw"],
         redis_bytes_per_classifier=snaps[-1]["bytes_per_classifier"],
         records_counted=counted_records, produce_seconds=produce_s, memory=snaps,
