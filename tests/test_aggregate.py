@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stratameter.ingest.aggregate import (SAMPLE_CAP, ClassifierRecords, _COUNTER_OFFSET, _histogram_increments,
-                                          build_payload, member, members)
+                                          build_payload, distinct_chunks, member, members)
 from stratameter.state.records import BINS_ROTATION
 from stratameter.state.scripts import decode_ingest, encode_ingest
 from stratameter.state.store import ChunkCuts
@@ -89,3 +89,10 @@ def test_reservoir_candidates_are_each_stratums_lowest_priorities(n, seed, res_s
     got = payload["chunks"][0]["res"] if payload["chunks"] else []
     assert [[k, sorted(zip(c[0::2], c[1::2]))] for k, c in got] == \
         [[k, sorted(zip(c[0::2], c[1::2]))] for k, c in expected]
+
+
+def test_distinct_chunks_in_order_with_or_without_a_sort():
+    assert distinct_chunks(np.empty(0, dtype=np.int64)) == []
+    assert distinct_chunks(np.array([7, 7, 7])) == [7]
+    assert distinct_chunks(np.array([9, 7, 9, 8, 7])) == [7, 8, 9]
+    assert all(type(t) is int for t in distinct_chunks(np.array([5, 4])) + distinct_chunks(np.array([3, 3])))

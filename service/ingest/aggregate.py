@@ -164,17 +164,23 @@ def score_counts(scores: np.ndarray) -> list:
     return out
 
 
-def _positives_by_chunk(chunks: np.ndarray, positive: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(chunk id, positions of its predicted positives) per chunk, in chunk order; a batch
-    usually falls in one chunk, found with two reductions instead of a sort."""
-    pos = np.flatnonzero(positive)
-    if not pos.size:
+def distinct_chunks(chunks: np.ndarray) -> list[int]:
+    """The distinct chunk ids in `chunks`, in order.  A batch usually falls in one chunk, found
+    with two reductions instead of `np.unique`'s sort (a third of its time on a call's records)."""
+    if not chunks.size:
         return []
+    first, last = int(chunks.min()), int(chunks.max())
+    return [first] if first == last else np.unique(chunks).tolist()
+
+
+def _positives_by_chunk(chunks: np.ndarray, positive: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(chunk id, positions of its predicted positives) per chunk, in chunk order."""
+    pos = np.flatnonzero(positive)
     of = chunks[pos]
-    first, last = int(of.min()), int(of.max())
-    if first == last:
-        return [(first, pos)]
-    return [(int(t), pos[of == t]) for t in np.unique(of)]
+    ids = distinct_chunks(of)
+    if len(ids) == 1:
+        return [(ids[0], pos)]
+    return [(t, pos[of == t]) for t in ids]
 
 
 def _reservoir_candidates(recs: ClassifierRecords, sel: np.ndarray, stratum: np.ndarray, priority: np.ndarray,
