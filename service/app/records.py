@@ -39,6 +39,10 @@ def own_records(value: bytes | None) -> bytes | None:
 _installed = False
 
 
+def _unwrapped(tp, record):
+    return record
+
+
 def install() -> bool:
     """Put the `PartitionRecords` subclass in aiokafka's fetcher (once); True if it is in place."""
     global _installed
@@ -53,12 +57,13 @@ def install() -> bool:
         return False
 
     class PartitionRecords(base):
-        """aiokafka's, but a consumer marked `own_records` gets the record objects unwrapped."""
+        """aiokafka's, but a consumer marked `own_records` gets the record objects unwrapped.  Set
+        per fetched batch, so other consumers call aiokafka's own method, at no cost a record."""
 
-        def _consumer_record(self, tp, record):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
             if getattr(self, "_value_deserializer", None) is own_records:
-                return record
-            return super()._consumer_record(tp, record)
+                self._consumer_record = _unwrapped
 
     fetcher.PartitionRecords = PartitionRecords
     _installed = True
