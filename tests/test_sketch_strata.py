@@ -103,6 +103,15 @@ def test_bin_index_tiny_negative_scores_stay_below_zero_edge():
     assert bin_index(np.array([-1e-200, -1e-17, 1e-200])).tolist() == [2047, 2047, 2048]
 
 
+def test_bin_index_puts_every_edge_and_its_neighbours_in_the_bucket_that_holds_them():
+    edges = bin_edges_score()
+    inner = edges[1:-1]
+    for x in (inner, np.nextafter(inner, np.inf), np.nextafter(inner, -np.inf)):
+        b = bin_index(x)
+        assert np.all(edges[b] <= x) and np.all(x < edges[b + 1])
+    assert bin_index(inner).tolist() == list(range(1, BINS))
+
+
 def test_bin_edges_score_shape_and_order():
     e = bin_edges_score()
     assert e.shape == (BINS + 1,)

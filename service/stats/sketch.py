@@ -45,14 +45,25 @@ def bin_index(scores: np.ndarray) -> np.ndarray:
     """Bucket of each score (vectorised); scores must be finite.
 
     Bucket ``b`` holds exactly the scores ``edges[b] <= s < edges[b+1]`` of
-    `bin_edges_score`.  (Computing ``floor((u + 1) * BINS / 2)`` instead is off
-    by one bucket where ``u + 1`` rounds, e.g. for tiny negative scores, which
-    would put a score outside its bucket's edges and break strata built on them.)
+    `bin_edges_score`.  (``floor((u + 1) * BINS / 2)`` alone is off by one bucket
+    where ``u + 1`` rounds, e.g. for tiny negative scores, which would put a score
+    outside its bucket's edges and break strata built on them; so its answer is
+    checked against the bucket's edges and moved by one where it is off.)
     """
-    idx = np.searchsorted(_EDGES, np.asarray(scores, dtype=float), side="right").astype(np.int64, copy=False)
-    # >= 0 after the - 1: the first edge is -inf, so the search never answers 0; +inf and NaN land
-    # after the last edge (np.clip would do both, at 4x the time on a call's few hundred scores)
-    return np.minimum(idx - 1, BINS - 1)
+    s = np.asarray(scores, dtype=float)
+    # The formula's bucket, then one step down or up to the bucket whose edges hold the score: the
+    # rounding of u and of the edges moves a score by far less than a bucket's width.  A few
+    # linear passes: on a call's 900 scores 8 us, against 30 us for a binary search of the edges.
+    u = np.abs(s)
+    u += 1.0
+    np.divide(s, u, out=u)
+    u += 1.0
+    u *= BINS / 2
+    b = u.astype(np.int64)  # u >= 0 here: truncation is the floor
+    np.minimum(b, BINS - 1, out=b)
+    b -= s < _EDGES[b]  # the first edge is -inf: bucket 0 never steps down
+    b += s >= _EDGES[b + 1]  # the last edge is +inf: bucket BINS - 1 never steps up
+    return b
 
 
 def bin_edges_score() -> np.ndarray:
