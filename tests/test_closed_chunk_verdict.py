@@ -138,3 +138,26 @@ async def test_a_chunk_that_closes_behind_the_newest_two_gets_its_verdict_with_t
     assert await c.loop.step("behind") == 0
     assert await c.status() == ("converged", "converged")
     assert (await store.chunks("behind", [c.t]))[0].status_closed
+
+
+async def test_a_restart_does_not_leave_a_chunk_finished_while_open_without_its_verdict(store: Store, monkeypatch):
+    """The same, with the service restarted (a new request loop, which has not seen the chunk
+    converge) before the chunk closes: its first step reads the older chunks once, budget or not."""
+    c = Classifier(store, monkeypatch, "restarted", lateness_s=5 * CHUNK_S, max_labels_per_hour=1000)
+    await c.converge_while_open()
+    for newer in (c.t + 1, c.t + 2):
+        c.clock[0] = newer * CHUNK_S + 5.0
+        await c.arrive(100, newer)
+        await c.loop.step("restarted")
+    c.clock[0] = (c.t + 1) * CHUNK_S + 5 * CHUNK_S + 1.0
+    hour = str(int(c.clock[0] * 1000) // 3_600_000)
+    await store.redis.hincrby(store.keys.hourly("restarted"), hour, 1_000_000)
+
+    async def publish(records):
+        pass
+
+    c.loop = RequestLoop(store, c.settings, publish)  # the restart
+    assert await c.status() == ("converged", "open")
+    assert await c.loop.step("restarted") == 0
+    assert await c.status() == ("converged", "converged")
+    assert (await store.chunks("restarted", [c.t]))[0].status_closed

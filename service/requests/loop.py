@@ -100,6 +100,9 @@ class RequestLoop:
         # per classifier, the chunks whose last step found them finished while still open: each needs
         # one step once it has closed, to be judged closed (`streams.chunk_status`), budget or not
         self._unjudged: dict[str, dict[int, bool]] = {}
+        # the classifiers whose older chunks this loop has read once since it started or regained
+        # them: only then does `_unjudged` know every chunk finished while open (a restart forgets it)
+        self._surveyed: set[str] = set()
 
     def forget_unowned(self, owned: set[str]) -> None:
         """Drop what this loop remembers of the classifiers not in `owned` (a lease lost: another
@@ -108,6 +111,7 @@ class RequestLoop:
                       self._request_chunks):
             for key in [k for k in cache if owner_of(k)[0] not in owned]:
                 del cache[key]
+        self._surveyed.intersection_update(owned)
 
     def _states(self, cid: str) -> list[tuple[str, int]]:
         """The states of classifier `cid` with the stratum id of their stratum 0."""
@@ -150,12 +154,15 @@ class RequestLoop:
         pending = {sid: await self._pending_by_chunk(sid) for sid, _ in states}
         active, older = stepped[:streams.ACTIVE_CHUNKS], stepped[streams.ACTIVE_CHUNKS:]
         issued = await self._step_chunks(cid, states, pending, active, cfg, now, 0, older=False)
-        # older chunks are read only when the hour's budget has room for them, but for a verdict
-        if older and await self._budget_left([sid for sid, _ in states], cfg, now, issued) <= 0:
+        # older chunks are read only when the hour's budget has room for them, but for a verdict (and
+        # all of them once after a start, which forgot the chunks finished while open)
+        if older and cid in self._surveyed and await self._budget_left([sid for sid, _ in states], cfg, now,
+                                                                       issued) <= 0:
             unjudged = self._unjudged.get(cid, {})
             older = [t for t in older if t in unjudged and _closed(t, cfg, now)]
         if older:
             issued += await self._step_chunks(cid, states, pending, older, cfg, now, issued, older=True)
+        self._surveyed.add(cid)
         return issued
 
     async def _step_chunks(self, cid: str, states, pending: dict, chunks: list[int], cfg, now: int,
@@ -240,6 +247,7 @@ class RequestLoop:
         self._seen.pop(cid, None)
         self._quiet.pop(cid, None)
         self._unjudged.pop(cid, None)
+        self._surveyed.discard(cid)
         self._finished.pop(cid, None)
         log.info("forgot a silent classifier", extra={"classifier": cid, "newest_chunk": newest})
         return True
