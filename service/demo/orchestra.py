@@ -192,22 +192,17 @@ class Demo:
         return [asyncio.create_task(c) for c in loops]
 
     async def _shutdown(self) -> None:
+        """The demo's clients, then the service and the bridge, then the backends; each group at
+        once, since nothing in a group waits for another of it.  One after the other, their
+        timeouts added up to 65 s after Ctrl-C (10 + 10 + 15 + 15 + 5 + 5 + 5), now 35."""
         for t in list(self.answers):
             t.cancel()
         await asyncio.gather(*self.answers, return_exceptions=True)
-        if self.reviewer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.reviewer.stop(), 10)
-        if self.producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.producer.stop(), 10)
-        if self.bridge is not None:
-            await self.bridge.stop()
-        if self.service is not None:
-            await self.service.stop()
-        for backend in (self.label_studio, self.redis, self.kafka):
-            if backend is not None:
-                await asyncio.to_thread(backend.close)
+        await asyncio.gather(*(asyncio.wait_for(client.stop(), 10) for client in (self.reviewer, self.producer)
+                               if client is not None), return_exceptions=True)
+        await asyncio.gather(*(p.stop() for p in (self.bridge, self.service) if p is not None))
+        backends = (self.label_studio, self.redis, self.kafka)
+        await asyncio.gather(*(asyncio.to_thread(b.close) for b in backends if b is not None))
         if not any(p is not None and p.failed for p in (self.service, self.bridge)):  # kept when one failed
             shutil.rmtree(self.workdir, ignore_errors=True)
 
