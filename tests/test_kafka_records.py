@@ -30,14 +30,15 @@ async def test_the_service_consumer_reads_aiokafkas_own_records_and_others_are_u
                                                                                          unique_name):
     scores, labels = unique_name("scores"), unique_name("labels")
     await create_topics(kafka_bootstrap, [scores, labels], partitions=1)
-    sent = [(b"c%d" % (i % 3) if i % 4 else None, b'{"i": %d}' % i, 1_700_000_000_000 + 7 * i) for i in range(50)]
+    sent = [(b"c%d" % (i % 3) if i % 4 else None, b'{"i": %d}' % i, 1_700_000_000_000 + 7 * i) for i in range(60)]
     sent.append((b"k", None, 1_700_000_000_999))  # a tombstone: no value
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        await asyncio.gather(*[await producer.send(scores, value=v, key=k, timestamp_ms=ts) for k, v, ts in sent])
-    finally:
-        await producer.stop()
+    for compression, part in ((None, sent[:30]), ("gzip", sent[30:])):  # compressed batches too
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, compression_type=compression)
+        await producer.start()
+        try:
+            await asyncio.gather(*[await producer.send(scores, value=v, key=k, timestamp_ms=ts) for k, v, ts in part])
+        finally:
+            await producer.stop()
 
     settings = load_settings({"STRATAMETER_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
                               "STRATAMETER_KAFKA_CONSUMER_GROUP": unique_name("group"),
