@@ -194,7 +194,7 @@ class Demo:
     async def _shutdown(self) -> None:
         """The demo's clients, then the service and the bridge, then the backends; each group at
         once, since nothing in a group waits for another of it.  One after the other, their
-        timeouts added up to 65 s after Ctrl-C (10 + 10 + 15 + 15 + 5 + 5 + 5), now 35."""
+        timeouts added up to 65 s after Ctrl-C (10 + 10 + 15 + 15 + 5 + 5 + 5), now 30."""
         for t in list(self.answers):
             t.cancel()
         await asyncio.gather(*self.answers, return_exceptions=True)
