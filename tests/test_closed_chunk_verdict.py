@@ -54,11 +54,14 @@ class Classifier:
         self.ingest = ScoreIngestor(store, self.settings, np.random.default_rng(0))
         self.rng = np.random.default_rng(1)
         self.offsets = iter(range(10_000))
+        self.loop = self.new_loop()
 
+    def new_loop(self) -> RequestLoop:
+        """A request loop that remembers nothing yet (a service's start); its requests go nowhere."""
         async def publish(records):
             pass
 
-        self.loop = RequestLoop(store, self.settings, publish)
+        return RequestLoop(self.store, self.settings, publish)
 
     async def arrive(self, n: int, chunk: int | None = None) -> None:
         """`n` predicted positives into `chunk` (default `t`), arriving now."""
@@ -98,6 +101,17 @@ class Classifier:
             await self.answer_all()
         assert await self.status() == ("converged", "converged")
 
+    async def close_behind_the_newest_two_with_the_budget_spent(self) -> None:
+        """Two newer chunks start (chunk `t`, still open, is then an older one); then chunk `t`
+        closes, with the hour's budget spent."""
+        for newer in (self.t + 1, self.t + 2):
+            self.clock[0] = newer * CHUNK_S + 5.0
+            await self.arrive(100, newer)
+            await self.loop.step(self.cid)
+        self.clock[0] = (self.t + 1) * CHUNK_S + 5 * CHUNK_S + 1.0
+        hour = str(int(self.clock[0] * 1000) // 3_600_000)
+        await self.store.redis.hincrby(self.store.keys.hourly(self.cid), hour, 1_000_000)
+
 
 async def test_a_chunk_closed_with_unanswered_requests_is_open_until_they_are_in(store: Store, monkeypatch):
     c = Classifier(store, monkeypatch, "late", lateness_s=0, max_labels_per_hour=100_000)
@@ -127,13 +141,7 @@ async def test_a_chunk_that_closes_behind_the_newest_two_gets_its_verdict_with_t
     judged closed, and does not read `open` until the budget comes back."""
     c = Classifier(store, monkeypatch, "behind", lateness_s=5 * CHUNK_S, max_labels_per_hour=1000)
     await c.converge_while_open()
-    for newer in (c.t + 1, c.t + 2):  # two newer chunks start: chunk t is now an older one, still open
-        c.clock[0] = newer * CHUNK_S + 5.0
-        await c.arrive(100, newer)
-        await c.loop.step("behind")
-    c.clock[0] = (c.t + 1) * CHUNK_S + 5 * CHUNK_S + 1.0  # chunk t closes, and the hour's budget is spent
-    hour = str(int(c.clock[0] * 1000) // 3_600_000)
-    await store.redis.hincrby(store.keys.hourly("behind"), hour, 1_000_000)
+    await c.close_behind_the_newest_two_with_the_budget_spent()
     assert await c.status() == ("converged", "open")  # not judged since it closed
     assert await c.loop.step("behind") == 0
     assert await c.status() == ("converged", "converged")
@@ -145,18 +153,8 @@ async def test_a_restart_does_not_leave_a_chunk_finished_while_open_without_its_
     converge) before the chunk closes: its first step reads the older chunks once, budget or not."""
     c = Classifier(store, monkeypatch, "restarted", lateness_s=5 * CHUNK_S, max_labels_per_hour=1000)
     await c.converge_while_open()
-    for newer in (c.t + 1, c.t + 2):
-        c.clock[0] = newer * CHUNK_S + 5.0
-        await c.arrive(100, newer)
-        await c.loop.step("restarted")
-    c.clock[0] = (c.t + 1) * CHUNK_S + 5 * CHUNK_S + 1.0
-    hour = str(int(c.clock[0] * 1000) // 3_600_000)
-    await store.redis.hincrby(store.keys.hourly("restarted"), hour, 1_000_000)
-
-    async def publish(records):
-        pass
-
-    c.loop = RequestLoop(store, c.settings, publish)  # the restart
+    await c.close_behind_the_newest_two_with_the_budget_spent()
+    c.loop = c.new_loop()  # the restart
     assert await c.status() == ("converged", "open")
     assert await c.loop.step("restarted") == 0
     assert await c.status() == ("converged", "converged")
