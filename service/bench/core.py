@@ -232,7 +232,7 @@ async def bare_consume(bootstrap: str, topic: str, partitions: int, records: int
 
     from ..app import records as own_records
 
-    own_records.install()
+    own_records.install()  # for every bare consumer, so each repeat's references read through the same class
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest",
                                 **({"value_deserializer": own_records.own_records} if own else {}))
