@@ -47,10 +47,14 @@ async def test_bench_counts_every_record_and_reports_the_json_shape(kafka_bootst
 async def test_bench_with_every_metric_counts_every_record_once(kafka_bootstrap, redis_url):
     """`--all-metrics --repeat 3`: each ingest with every metric keeps both sides of the threshold
     and still counts each record once (fresh groups and keys each repeat); each rate is the median
-    of the repeats and each ratio the median of the per-repeat ratios."""
+    of the repeats and each ratio the median of the per-repeat ratios; the every-metric ingest runs
+    second in the first and third repeats and first in the second."""
+    logged: list[str] = []
     result = await run_bench(kafka_bootstrap, redis_url, records=3000, classifiers=2, partitions=2, memory_at=[],
-                             all_metrics=True, repeat=3)
+                             all_metrics=True, repeat=3, log=logged.append)
     doc = result.as_json()
+    ingests = ["every" if "every metric" in m else "precision" for m in logged if m.startswith("service ingest path")]
+    assert ingests == ["precision", "every", "every", "precision", "precision", "every"]
     assert doc["records_counted"] == 3000 and doc["service_all_metrics_records_per_s"] > 0
     reps = doc["repeats"]
     assert len(reps) == 3 and all(set(r) == {"raw", "decode", "decode_own", "service", "all_metrics"} for r in reps)
@@ -189,13 +193,15 @@ def test_partition_batches_take_the_partitions_in_turn():
 
 def test_bench_ingest_cpu_counts_every_record_of_both_ingests(redis_url, capsys):
     """`--ingest-cpu` through the real command line: both ingests apply both halves (it fails unless
-    Redis counted every record) and report the CPU per record of each half."""
+    Redis counted every record) and report the CPU per record of each half; the second repeat runs
+    the every-metric ingest first."""
     from stratameter.cli import main
 
     assert main(["bench", "--ingest-cpu", "--records", "3000", "--classifiers", "4", "--partitions", "2",
-                 "--redis", redis_url, "--json"]) == 0
+                 "--redis", redis_url, "--repeat", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert doc["records"] == 3000 and len(doc["runs"]) == doc["repeat"] == 1
+    assert doc["records"] == 3000 and len(doc["runs"]) == doc["repeat"] == 2
+    assert [list(r) for r in doc["runs"]] == [["precision", "all_metrics"], ["all_metrics", "precision"]]
     for half in ("filling", "full"):
         cpu = doc[half]["cpu_us_per_record"]
         assert set(cpu) == {"precision", "all_metrics"}
