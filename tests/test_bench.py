@@ -48,13 +48,16 @@ async def test_bench_with_every_metric_counts_every_record_once(kafka_bootstrap,
     """`--all-metrics --repeat 3`: each ingest with every metric keeps both sides of the threshold
     and still counts each record once (fresh groups and keys each repeat); each rate is the median
     of the repeats and each ratio the median of the per-repeat ratios; the every-metric ingest runs
-    second in the first and third repeats and first in the second."""
+    second in the first and third repeats and first in the second, all after an untimed warm-up."""
     logged: list[str] = []
     result = await run_bench(kafka_bootstrap, redis_url, records=3000, classifiers=2, partitions=2, memory_at=[],
                              all_metrics=True, repeat=3, log=logged.append)
     doc = result.as_json()
     ingests = ["every" if "every metric" in m else "precision" for m in logged if m.startswith("service ingest path")]
     assert ingests == ["precision", "every", "every", "precision", "precision", "every"]
+    # the untimed warm-up ingest comes before every timed consumer
+    assert logged.index(next(m for m in logged if m.startswith("warm-up"))) < logged.index(
+        next(m for m in logged if m.startswith("bare consumer")))
     assert doc["records_counted"] == 3000 and doc["service_all_metrics_records_per_s"] > 0
     reps = doc["repeats"]
     assert len(reps) == 3 and all(set(r) == {"raw", "decode", "decode_own", "service", "all_metrics"} for r in reps)

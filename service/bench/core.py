@@ -8,19 +8,23 @@ One run:
    applies the 0.5 threshold), ``event_time`` in epoch ms inside the current chunk and
    not after the moment they are generated (so the service accepts every one of them:
    none in the future, none for a closed chunk), a small ``context`` object;
-2. a bare aiokafka consumer (manually assigned, no group) reads them all without
+2. the service ingests them once, untimed (step 5 with a consumer group and keys of its own): in
+   a process that has not, the bare consumers read 30-45% slower (2026-11-27: the bare decode
+   297,000-366,000 records/s against 461,000-468,000 after this warm-up), and a single run compared
+   them with a warmer service (its ratio read 0.81-0.93 there, 0.57-0.71 with the warm-up);
+3. a bare aiokafka consumer (manually assigned, no group) reads them all without
    decoding: the raw rate;
-3. the same, ``orjson.loads`` on every value: the bare decode rate, the standing bar's reference;
+4. the same, ``orjson.loads`` on every value: the bare decode rate, the standing bar's reference;
    and once more taking aiokafka's own record objects as the service does (`app.records`), the
    same consumer without aiokafka's `ConsumerRecord` wrapping: a reference the service's own
    read cannot beat;
-4. a `stratameter.app.runner.Service` with a fresh consumer group consumes the topic
+5. a `stratameter.app.runner.Service` with a fresh consumer group consumes the topic
    (`consume_forever`, the ingest path; no request loop, no HTTP) until the
    classifiers' ``scores_total`` in Redis add up to ``records``.  On the way, when
    ``memory_at`` records are counted (default: a fifth and a half of them), and at the end, the Redis memory of each
    classifier's keys is measured (``MEMORY USAGE key SAMPLES 0``).
 
-With ``repeat`` > 1, steps 2-4 (and the every-metric and cluster ingests) run that many times
+With ``repeat`` > 1, steps 3-5 (and the every-metric and cluster ingests) run that many times
 in turn on the same records, and the rates and ratios reported are medians: one ingest of the
 default bench lasts about two seconds, and on a small machine a neighbour's burst moves a
 single reading by a tenth or more.  The every-metric ingest runs after precision's in the odd
@@ -315,9 +319,11 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     stream = [(cids_b[c], v) for c, v in zip(which.tolist(), values)] if serve else []
     del values
 
-    cids = classifier_ids(classifiers)
     cluster_env = {**_renamed(env, "-cluster"), "STRATAMETER_REDIS_URL": redis_cluster or "",
                    "STRATAMETER_REDIS_CLUSTER": "true"}
+    cids = classifier_ids(classifiers)
+    log("warm-up: the service ingests the topic once, untimed (fresh group and keys)")
+    await service_consume(load_settings(_renamed(env, "-warm")), cids, records, [], timeout_s)
     runs, cpus = [], []
     for rep in range(repeat):
         tag = f" (repeat {rep + 1} of {repeat})" if repeat > 1 else ""
