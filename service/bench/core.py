@@ -319,9 +319,9 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     stream = [(cids_b[c], v) for c, v in zip(which.tolist(), values)] if serve else []
     del values
 
+    cids = classifier_ids(classifiers)
     cluster_env = {**_renamed(env, "-cluster"), "STRATAMETER_REDIS_URL": redis_cluster or "",
                    "STRATAMETER_REDIS_CLUSTER": "true"}
-    cids = classifier_ids(classifiers)
     log("warm-up: the service ingests the topic once, untimed (fresh group and keys)")
     await service_consume(load_settings(_renamed(env, "-warm")), cids, records, [], timeout_s)
     runs, cpus = [], []
@@ -384,15 +384,11 @@ def _renamed(env: dict, suffix: str) -> dict:
             "STRATAMETER_REDIS_KEY_PREFIX": env["STRATAMETER_REDIS_KEY_PREFIX"] + suffix}
 
 
-def _every_metric_env(env: dict) -> dict:
-    """`env` with every metric enabled (both sides of the threshold kept), on a fresh consumer group
-    and key prefix (those of `env` with ``-all``)."""
-    return {**_renamed(env, "-all"), "STRATAMETER_METRICS": "precision,recall,f1,accuracy"}
-
-
 async def _every_metric(env: dict, cids: list[str], records: int, timeout_s: float, log) -> tuple[float, int, dict]:
-    """`_ingest` with every metric enabled, on `env`'s consumer group and key prefix with ``-all``."""
-    return await _ingest(_every_metric_env(env), cids, records, timeout_s, log, "every metric (both sides of the threshold)")
+    """`_ingest` with every metric enabled (both sides of the threshold kept), on a fresh consumer
+    group and key prefix (those of `env` with ``-all``)."""
+    every = {**_renamed(env, "-all"), "STRATAMETER_METRICS": "precision,recall,f1,accuracy"}
+    return await _ingest(every, cids, records, timeout_s, log, "every metric (both sides of the threshold)")
 
 
 async def _ingest(env: dict, cids: list[str], records: int, timeout_s: float, log, what: str
