@@ -11,7 +11,7 @@ One run:
 2. the service ingests them once, untimed (step 5 with a consumer group and keys of its own): in
    a process that has not, the bare consumers read 30-45% slower (2026-11-27: the bare decode
    297,000-366,000 records/s against 461,000-468,000 after this warm-up), and a single run compared
-   them with a warmer service (its ratio read 0.81-0.93 there, 0.57-0.71 with the warm-up);
+   them with a warmer service (its ratio read 0.81-0.93 there, 0.57-0.81 with the warm-up);
 3. a bare aiokafka consumer (manually assigned, no group) reads them all without
    decoding: the raw rate;
 4. the same, ``orjson.loads`` on every value: the bare decode rate, the standing bar's reference;
