@@ -33,6 +33,16 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def kafka_startup_error(settings: Settings, exc: KafkaError) -> StartupError:
+    """The `StartupError` of a Kafka client that could not start: where it connected, how
+    (security protocol, SASL mechanism and user; never the password) and aiokafka's reason."""
+    s = settings
+    how = s.kafka_security_protocol + (f" with SASL {s.kafka_sasl_mechanism} as user {s.kafka_sasl_username!r}"
+                                       if s.kafka_security_protocol.startswith("SASL_") else "")
+    return StartupError(f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
+                        "the aiokafka log line above has the broker's answer")
+
+
 class Rebalance(ConsumerRebalanceListener):
     """Calls `on_revoked(partitions)` when the group takes partitions away (caches of
     offsets read for them must be dropped: another instance may move them now)."""
@@ -73,10 +83,7 @@ class KafkaClients:
             self.consumer.subscribe([s.topic_scores, s.topic_labels], listener=self.listener)
             await self.consumer.start()
         except KafkaError as exc:
-            how = s.kafka_security_protocol + (f" with SASL {s.kafka_sasl_mechanism} as user {s.kafka_sasl_username!r}"
-                                               if s.kafka_security_protocol.startswith("SASL_") else "")
-            raise StartupError(f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
-                               "the aiokafka log line above has the broker's answer") from None
+            raise kafka_startup_error(s, exc) from None
 
     async def poll(self, max_records: int, timeout_ms: int) -> dict:
         """One poll of at most `max_records`, the labels partitions first.

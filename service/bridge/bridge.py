@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from stratameter.schemas.parse import decode_label_request, label_record_bytes
 from stratameter.schemas.times import format_time, rfc3339_to_ms
 
-from ..app.consumer import StartupError, describe, stop_clients
+from ..app.consumer import StartupError, describe, kafka_startup_error, stop_clients
 from ..app.probes import PROBE_INTERVAL_S, READY_WINDOW_S, Health, check_redis
 from ..config import ConfigError, Settings, env_var
 from ..state.client import connect
@@ -222,10 +222,7 @@ class Bridge:
                 heartbeat_interval_ms=500, max_poll_records=BATCH_RECORDS, **kafka)
             await self.consumer.start()
         except KafkaError as exc:
-            how = s.kafka_security_protocol + (f" with SASL {s.kafka_sasl_mechanism} as user {s.kafka_sasl_username!r}"
-                                               if s.kafka_security_protocol.startswith("SASL_") else "")
-            raise StartupError(f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
-                               "the aiokafka log line above has the broker's answer") from None
+            raise kafka_startup_error(s, exc) from None
 
     async def _probe_kafka(self) -> None:
         await self.producer.client.fetch_all_metadata()
