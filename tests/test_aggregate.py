@@ -40,6 +40,22 @@ def test_members_of_ids_that_look_like_separators():
     assert [orjson.loads(m)["i"] for m in members(ids, scores, ctx)] == ids
 
 
+def test_members_of_an_id_ending_in_a_quote_and_a_comma():
+    """'a",' is "a\\"," in JSON: its escaped quote, its comma and its closing quote read as the
+    separator '","' of a list of ids, which once cut it and gave the next item's member its tail."""
+    ids = ['a",', "b", '",', '",","', "c"]
+    out = members(ids, [0.1, 0.2, 0.3, 0.4, 0.5], [None] * 5)
+    assert out == [member(i, s, None) for i, s in zip(ids, [0.1, 0.2, 0.3, 0.4, 0.5])]
+    assert [orjson.loads(m)["i"] for m in out] == ids
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.text(alphabet='",\\a', min_size=1, max_size=6), max_size=12))
+def test_members_of_ids_made_of_quotes_commas_and_backslashes(ids):
+    scores = [float(i) for i in range(len(ids))]
+    assert members(ids, scores, [None] * len(ids)) == [member(i, s, None) for i, s in zip(ids, scores)]
+
+
 def test_histogram_increments_are_bitfield_arguments():
     buckets, counts = np.array([0, 2047, 2048, BINS - 1]), np.array([3, 1, 7, 2])
     out = _histogram_increments(buckets, counts)

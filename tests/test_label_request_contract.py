@@ -57,3 +57,39 @@ async def test_published_label_requests_follow_the_documented_contract(kafka_boo
         assert req.request_id.startswith("contract/")
         assert req.context == {"text": f"item {req.item_id[1:]}", "n": int(req.item_id[1:])}
         assert orjson.loads(value)["score"] == req.score
+
+
+async def test_label_requests_carry_item_ids_as_sent_whatever_their_characters(kafka_bootstrap, redis_url,
+                                                                              unique_name):
+    """Item ids are any text: ids ending in a quote and a comma (JSON ``"a\\","``, which reads as
+    the separator of a list of ids), backslashes, quotes, line separators.  Every label request
+    names an item as it was sent, with its own score and context."""
+    shapes = ['{}",', '",{}', '{}\\', '"{}"', '{}\\",', '{}\u2028', 'é{},"']
+    sent = {}
+    async with running_service(kafka_bootstrap, redis_url, unique_name, DELTA="0.1") as run:
+        now_ms = int(time.time() * 1000)
+        for i in range(210):
+            item = shapes[i % len(shapes)].format(i)
+            sent[item] = (0.5 + i / 440, {"n": i})
+            await run.send_score(classifier_id="ids", item_id=item, score=sent[item][0], event_time=now_ms,
+                                 context=sent[item][1])
+        await run.producer.flush()
+        consumer = AIOKafkaConsumer(run.topics["requests"], bootstrap_servers=run.bootstrap,
+                                    group_id=unique_name("ids"), auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            async with Reviewer(run, unique_name("rev"), lambda req: True):
+                raw: list[bytes] = []
+
+                async def some():
+                    batch = await consumer.getmany(timeout_ms=500)
+                    raw.extend(r.value for recs in batch.values() for r in recs)
+                    return len(raw) >= 20
+
+                await wait_for(some, 120, "label requests on the topic")
+        finally:
+            await consumer.stop()
+    for value in raw:
+        req = LabelRequest.model_validate_json(value)
+        assert req.item_id in sent, value
+        assert (req.score, req.context) == sent[req.item_id], value

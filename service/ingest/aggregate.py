@@ -124,12 +124,18 @@ def member(item_id: str, score: float, context: str | bytes | None) -> str:
 
 def members(item_ids: list[str], scores: list[float], contexts: list) -> list[str]:
     """`member` of each item, the same text, built in bulk: the ids and scores are JSON-encoded
-    in one orjson call each and split (a JSON string's content never holds ``","``: every quote in
-    it is escaped, and a float's text holds no comma), then each entry is one format.  A third
-    less time than `member` per item, and most of what a reservoir candidate costs the ingestor."""
+    in one orjson call each and split (a float's text holds no comma), then each entry is one
+    format.  A third less time than `member` per item, and most of what a reservoir candidate
+    costs the ingestor.  The ids' text is split on ``","`` only when no id holds a quote: an
+    escaped quote, a comma and the closing quote (an id ending in ``",``) read as that separator
+    too; then each id is encoded on its own."""
     if not item_ids:
         return []
-    ids = orjson.dumps(item_ids).decode()[2:-2].split('","')
+    text = orjson.dumps(item_ids).decode()
+    if '\\"' in text:
+        ids = [orjson.dumps(i).decode()[1:-1] for i in item_ids]
+    else:
+        ids = text[2:-2].split('","')
     texts = orjson.dumps(scores).decode()[1:-1].split(",")
     return [f'{{"i":"{i}","s":{s},"x":{c if c.__class__ is str and c else _context_text(c)}}}'
             for i, s, c in zip(ids, texts, contexts)]
