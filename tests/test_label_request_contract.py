@@ -28,6 +28,27 @@ def test_label_request_rejects_timestamps_without_milliseconds():
             LabelRequest.model_validate({**good, "requested_at": bad})
 
 
+async def published_requests(run, unique_name, at_least: int) -> list[tuple[bytes, bytes]]:
+    """(key, value) of the first `at_least` or more label requests the running service publishes,
+    read off its requests topic while a reviewer answers every one (so the loop keeps asking)."""
+    consumer = AIOKafkaConsumer(run.topics["requests"], bootstrap_servers=run.bootstrap,
+                                group_id=unique_name("requests"), auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        async with Reviewer(run, unique_name("rev"), lambda req: True):
+            raw: list[tuple[bytes, bytes]] = []
+
+            async def some():
+                batch = await consumer.getmany(timeout_ms=500)
+                raw.extend((r.key, r.value) for recs in batch.values() for r in recs)
+                return len(raw) >= at_least
+
+            await wait_for(some, 120, "label requests on the topic")
+    finally:
+        await consumer.stop()
+    return raw
+
+
 async def test_published_label_requests_follow_the_documented_contract(kafka_bootstrap, redis_url, unique_name):
     async with running_service(kafka_bootstrap, redis_url, unique_name, DELTA="0.1") as run:
         now_ms = int(time.time() * 1000)
@@ -35,21 +56,7 @@ async def test_published_label_requests_follow_the_documented_contract(kafka_boo
             await run.send_score(classifier_id="contract", item_id=f"i{i}", score=0.5 + i / 400, event_time=now_ms,
                                  context={"text": f"item {i}", "n": i})
         await run.producer.flush()
-        consumer = AIOKafkaConsumer(run.topics["requests"], bootstrap_servers=run.bootstrap,
-                                    group_id=unique_name("contract"), auto_offset_reset="earliest")
-        await consumer.start()
-        try:
-            async with Reviewer(run, unique_name("rev"), lambda req: True):
-                raw: list[tuple[bytes, bytes]] = []
-
-                async def some():
-                    batch = await consumer.getmany(timeout_ms=500)
-                    raw.extend((r.key, r.value) for recs in batch.values() for r in recs)
-                    return len(raw) >= 8
-
-                await wait_for(some, 120, "label requests on the topic")
-        finally:
-            await consumer.stop()
+        raw = await published_requests(run, unique_name, 8)
     for key, value in raw:
         req = LabelRequest.model_validate_json(value)
         assert key == b"contract"
@@ -74,22 +81,8 @@ async def test_label_requests_carry_item_ids_as_sent_whatever_their_characters(k
             await run.send_score(classifier_id="ids", item_id=item, score=sent[item][0], event_time=now_ms,
                                  context=sent[item][1])
         await run.producer.flush()
-        consumer = AIOKafkaConsumer(run.topics["requests"], bootstrap_servers=run.bootstrap,
-                                    group_id=unique_name("ids"), auto_offset_reset="earliest")
-        await consumer.start()
-        try:
-            async with Reviewer(run, unique_name("rev"), lambda req: True):
-                raw: list[bytes] = []
-
-                async def some():
-                    batch = await consumer.getmany(timeout_ms=500)
-                    raw.extend(r.value for recs in batch.values() for r in recs)
-                    return len(raw) >= 20
-
-                await wait_for(some, 120, "label requests on the topic")
-        finally:
-            await consumer.stop()
-    for value in raw:
+        raw = await published_requests(run, unique_name, 20)
+    for _, value in raw:
         req = LabelRequest.model_validate_json(value)
         assert req.item_id in sent, value
         assert (req.score, req.context) == sent[req.item_id], value
