@@ -9,8 +9,8 @@ import time
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 
+from stratameter.embedded import group_consumer
 from stratameter.schemas.messages import LabelRequest
 from tests.harness import Reviewer, running_service, wait_for
 
@@ -31,12 +31,10 @@ def test_label_request_rejects_timestamps_without_milliseconds():
 async def published_requests(run, unique_name, at_least: int) -> list[tuple[bytes, bytes]]:
     """(key, value) of the first `at_least` or more label requests the running service publishes,
     read off its requests topic while a reviewer answers every one (so the loop keeps asking)."""
-    consumer = AIOKafkaConsumer(run.topics["requests"], bootstrap_servers=run.bootstrap,
-                                group_id=unique_name("requests"), auto_offset_reset="earliest")
-    await consumer.start()
-    try:
+    raw: list[tuple[bytes, bytes]] = []
+    async with group_consumer(run.topics["requests"], bootstrap_servers=run.bootstrap,
+                              group_id=unique_name("requests")) as consumer:
         async with Reviewer(run, unique_name("rev"), lambda req: True):
-            raw: list[tuple[bytes, bytes]] = []
 
             async def some():
                 batch = await consumer.getmany(timeout_ms=500)
@@ -44,8 +42,6 @@ async def published_requests(run, unique_name, at_least: int) -> list[tuple[byte
                 return len(raw) >= at_least
 
             await wait_for(some, 120, "label requests on the topic")
-    finally:
-        await consumer.stop()
     return raw
 
 
