@@ -338,6 +338,32 @@ def test_promtool_unit_tests_recall_slo(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_promtool_unit_tests_request_step_failures(tmp_path):
+    """The alert fires for a classifier whose label-request steps keep failing, not for one whose
+    counter stays still (failed once, long ago) nor for one that never failed."""
+    promtool = _need("promtool", PROMTOOL_HOW)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render({"prometheusRule": {"enabled": True}}))))
+    series = [{"series": f'stratameter_request_step_failures_total{{classifier="{c}",instance="p1",job="sm"}}',
+               "values": v} for c, v in (("a", "0+240x40"), ("b", "1x40"), ("c", "0x40"))]
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "5m", "alertname": "StratameterRequestStepsFailing", "exp_alerts": []},  # for: 10m
+            {"eval_time": "25m", "alertname": "StratameterRequestStepsFailing", "exp_alerts": [
+                {"exp_labels": {"severity": "critical", "classifier": "a"},
+                 "exp_annotations": {
+                     "summary": "The label-request loop fails for a",
+                     "description": "2.4k steps of the label-request loop failed for a in the last 10 minutes: it "
+                                    "gets no new label requests while they fail (the other classifiers go on). The "
+                                    "service's log has the error (\"request loop step failed\", with the "
+                                    "classifier)."}}]}],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 # --------------------------------------------------------------------------- PromQL names
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",

@@ -76,6 +76,7 @@ class Service:
     owned = property(lambda self: self.leases.owned)
     exports_global = property(lambda self: self.leases.exports_global)
     dead_letters_dropped = property(lambda self: self.dead_letters.dropped)
+    request_step_failures = property(lambda self: self.requests.step_failures)
 
     def ready(self) -> bool:
         return self.health.ready()

@@ -47,6 +47,9 @@ _COUNTERS = (
     ("label_requests", "stratameter_label_requests", "Label requests issued"),
     ("requests_expired", "stratameter_label_requests_expired",
      "Label requests that reached their deadline unanswered (then replaced)"),
+    ("request_step_failures", "stratameter_request_step_failures",
+     "Steps of the label-request loop that failed for this classifier in this process (the log names the error); "
+     "its label requests stop while they fail"),
 )
 #: per-stratum gauges: (name, help)
 _STRATUM_GAUGES = (
@@ -177,7 +180,10 @@ async def _snapshot(service) -> SnapshotCollector:
     async def view(cid: str) -> dict | None:
         cfg = service.settings.for_classifier(cid)
         async with gate:
-            return await classifier_view(service.store, cid, cfg, history=False)
+            v = await classifier_view(service.store, cid, cfg, history=False)
+        if v is not None:
+            v["request_step_failures"] = service.request_step_failures.get(cid, 0)
+        return v
 
     views = [v for v in await asyncio.gather(*(view(c) for c in sorted(service.owned))) if v is not None]
     if service.exports_global:
