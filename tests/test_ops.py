@@ -338,25 +338,30 @@ def test_promtool_unit_tests_recall_slo(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_promtool_unit_tests_request_step_failures(tmp_path):
-    """The alert fires for a classifier whose label-request steps keep failing, not for one whose
-    counter stays still (failed once, long ago) nor for one that never failed."""
+def test_promtool_unit_tests_classifier_failures(tmp_path):
+    """The alert fires per classifier and stage whose failures keep coming, not for a counter that
+    stays still (failed once, long ago) nor for one that never moved."""
     promtool = _need("promtool", PROMTOOL_HOW)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render({"prometheusRule": {"enabled": True}}))))
-    series = [{"series": f'stratameter_request_step_failures_total{{classifier="{c}",instance="p1",job="sm"}}',
-               "values": v} for c, v in (("a", "0+240x40"), ("b", "1x40"), ("c", "0x40"))]
+    series = [{"series": f'stratameter_classifier_failures_total{{classifier="{c}",stage="{st}",instance="p1",job="sm"}}',
+               "values": v} for c, st, v in (("a", "request_loop", "0+240x40"), ("a", "metrics", "0x40"),
+                                            ("b", "request_loop", "1x40"), ("b", "metrics", "0+2x40"))]
+
+    def alert(c: str, stage: str, value: str) -> dict:
+        return {"exp_labels": {"severity": "critical", "classifier": c, "stage": stage},
+                "exp_annotations": {
+                    "summary": f"stratameter fails for {c} ({stage})",
+                    "description": f"{value} failures of {stage} for {c} in the last 10 minutes, confined to it (the "
+                                   "other classifiers go on). request_loop: it gets no new label requests; metrics: "
+                                   "its series are missing from /metrics. The service's log has the error "
+                                   "(\"classifier failure confined to it\", with the classifier and stage)."}}
+
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "alert_rule_test": [
-            {"eval_time": "5m", "alertname": "StratameterRequestStepsFailing", "exp_alerts": []},  # for: 10m
-            {"eval_time": "25m", "alertname": "StratameterRequestStepsFailing", "exp_alerts": [
-                {"exp_labels": {"severity": "critical", "classifier": "a"},
-                 "exp_annotations": {
-                     "summary": "The label-request loop fails for a",
-                     "description": "2.4k steps of the label-request loop failed for a in the last 10 minutes: it "
-                                    "gets no new label requests while they fail (the other classifiers go on). The "
-                                    "service's log has the error (\"request loop step failed\", with the "
-                                    "classifier)."}}]}],
+            {"eval_time": "5m", "alertname": "StratameterClassifierFailing", "exp_alerts": []},  # for: 10m
+            {"eval_time": "25m", "alertname": "StratameterClassifierFailing",
+             "exp_alerts": [alert("a", "request_loop", "2.4k"), alert("b", "metrics", "20")]}],
     }]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,

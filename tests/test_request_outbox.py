@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from stratameter.app.failures import ClassifierFailures
 from stratameter.app.ownership import Leases
 from stratameter.app.probes import Health
 from stratameter.app.request_task import RequestTask
@@ -79,7 +80,8 @@ async def _task(redis_url: str, prefix: str):
     await leases.renew()
     assert leases.owned == {"c"}
     kafka = _Kafka()
-    task = RequestTask(store, settings, kafka, leases, Health(), asyncio.Event(), asyncio.Event())
+    task = RequestTask(store, settings, kafka, leases, Health(), asyncio.Event(), asyncio.Event(),
+                       ClassifierFailures())
     return task, store, kafka.producer, redis
 
 

@@ -9,31 +9,27 @@ import asyncio
 import logging
 import time
 
-from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from ..config import Settings
 from ..requests.loop import RequestLoop
 from ..state.store import Store
 from .consumer import KafkaClients
+from .failures import OUTAGES, ClassifierFailures
 from .ownership import LEASE_MS, Leases
 from .probes import Health
 
 log = logging.getLogger("stratameter")
-#: A classifier's failing request-loop step is logged with its traceback at most this often.
-FAILURE_LOG_SECONDS = 60.0
 
 
 class RequestTask:
     def __init__(self, store: Store, settings: Settings, kafka: KafkaClients, leases: Leases, health: Health,
-                 stopping: asyncio.Event, wake: asyncio.Event) -> None:
+                 stopping: asyncio.Event, wake: asyncio.Event, failures: ClassifierFailures) -> None:
         self.settings, self.kafka, self.leases, self.health = settings, kafka, leases, health
+        self.failures = failures
         self.stopping, self.wake = stopping, wake
         self.loop = RequestLoop(store, settings, self.publish)
         self._republished: set[str] = set()  # owned classifiers whose outbox is known published (`_step`)
-        # classifier -> its steps that failed on their own (`_step_alone`): stratameter_request_step_failures_total
-        self.step_failures: dict[str, int] = {}
-        self._failure_logged: dict[str, float] = {}  # classifier -> when its last failure was logged
 
     async def publish(self, records: list[tuple[str, bytes]]) -> None:
         """Send (key, value) records to the label-requests topic and wait for the acks."""
@@ -80,21 +76,15 @@ class RequestTask:
             log.exception("request loop step failed")
 
     async def _step_alone(self, cid: str) -> None:
-        """`_step`, where a failure of the classifier's own (a bug, or state it cannot read) is
-        counted, logged (with its traceback at most once a minute per classifier: a lasting
-        failure repeats every pass) and confined to it: the pass goes on to the next classifier,
+        """`_step`, a failure of the classifier's own confined to it (`failures`): the pass goes on,
         so one classifier's failing step never stops the others' label requests.  An outage of
         Redis or Kafka ends the pass (`_pass` reports it): every classifier would fail alike."""
         try:
             await self._step(cid)
-        except (RedisError, OSError, asyncio.TimeoutError, KafkaError):
+        except OUTAGES:
             raise
-        except Exception:  # noqa: BLE001 - confined to this classifier, reported
-            failures = self.step_failures[cid] = self.step_failures.get(cid, 0) + 1
-            now = time.monotonic()
-            if now - self._failure_logged.get(cid, -FAILURE_LOG_SECONDS) >= FAILURE_LOG_SECONDS:
-                self._failure_logged[cid] = now
-                log.exception("request loop step failed", extra={"classifier": cid, "failures": failures})
+        except Exception:  # noqa: BLE001 - confined to this classifier, counted and logged
+            self.failures.record(cid, "request_loop")
 
     async def _step(self, cid: str) -> None:
         """Publish what the classifier's outbox holds if this instance has not checked it since

@@ -26,6 +26,7 @@ from .batch import BatchHandler, GlobalCounts
 from .checkpoint import Checkpoint
 from .consumer import KafkaClients, Rebalance, StartupError, describe
 from .deadletters import DeadLetters
+from .failures import ClassifierFailures
 from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
 from .pipeline import Pipeline
 from .probes import Health, check_redis
@@ -67,8 +68,9 @@ class Service:
         self.checkpoint = Checkpoint(self.batches, self.kafka, self.health, self.stopping, self.wake)
         self.pipeline = Pipeline(settings, self.kafka, self.checkpoint, self.stopping, self.lag)
         self.leases = Leases(self.store, settings.instance_id)
+        self.failures = ClassifierFailures()  # what the request loop and the scrape confine to a classifier
         self.requests = RequestTask(self.store, settings, self.kafka, self.leases, self.health, self.stopping,
-                                    self.wake)
+                                    self.wake, self.failures)
 
     # what the HTTP API and the metrics read
     consumer = property(lambda self: self.kafka.consumer)
@@ -76,7 +78,6 @@ class Service:
     owned = property(lambda self: self.leases.owned)
     exports_global = property(lambda self: self.leases.exports_global)
     dead_letters_dropped = property(lambda self: self.dead_letters.dropped)
-    request_step_failures = property(lambda self: self.requests.step_failures)
 
     def ready(self) -> bool:
         return self.health.ready()

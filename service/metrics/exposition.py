@@ -15,6 +15,7 @@ from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
 from ..api.views import classifier_view
+from ..app.failures import OUTAGES
 
 
 #: classifiers read at once per scrape
@@ -47,9 +48,6 @@ _COUNTERS = (
     ("label_requests", "stratameter_label_requests", "Label requests issued"),
     ("requests_expired", "stratameter_label_requests_expired",
      "Label requests that reached their deadline unanswered (then replaced)"),
-    ("request_step_failures", "stratameter_request_step_failures",
-     "Steps of the label-request loop that failed for this classifier in this process (the log names the error); "
-     "its label requests stop while they fail"),
 )
 #: per-stratum gauges: (name, help)
 _STRATUM_GAUGES = (
@@ -62,8 +60,9 @@ _STRATUM_GAUGES = (
 
 class SnapshotCollector:
     def __init__(self, views: list[dict], invalid: dict[tuple[str, str], int], unknown_global: int,
-                 lag: dict[tuple[str, int], int], dropped: int) -> None:
+                 lag: dict[tuple[str, int], int], dropped: int, failures: dict[tuple[str, str], int]) -> None:
         self.views, self.invalid, self.unknown_global, self.lag, self.dropped = views, invalid, unknown_global, lag, dropped
+        self.failures = failures
 
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in _GAUGES}
@@ -83,6 +82,14 @@ class SnapshotCollector:
         yield from counters.values()
         yield labels
         yield from per_stratum.values()
+        failures = CounterMetricFamily("stratameter_classifier_failures",
+                                       "Failures confined to the classifier in this process, by stage: request_loop "
+                                       "(it gets no new label requests while they last), metrics (its series are "
+                                       "left out of this scrape); the log names the error",
+                                       labels=["classifier", "stage"])
+        for (cid, stage), n in self.failures.items():
+            failures.add_metric([cid, stage], n)
+        yield failures
         yield from self._service_wide()
 
     def _service_wide(self):
@@ -148,7 +155,7 @@ class Exporter:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.snapshot = SnapshotCollector([], {}, 0, {}, 0)
+        self.snapshot = SnapshotCollector([], {}, 0, {}, 0, {})
         self.registry.register(_Current(self))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -180,10 +187,13 @@ async def _snapshot(service) -> SnapshotCollector:
     async def view(cid: str) -> dict | None:
         cfg = service.settings.for_classifier(cid)
         async with gate:
-            v = await classifier_view(service.store, cid, cfg, history=False)
-        if v is not None:
-            v["request_step_failures"] = service.request_step_failures.get(cid, 0)
-        return v
+            try:
+                return await classifier_view(service.store, cid, cfg, history=False)
+            except OUTAGES:
+                raise
+            except Exception:  # noqa: BLE001 - its series are left out, the others' exported
+                service.failures.record(cid, "metrics")
+                return None
 
     views = [v for v in await asyncio.gather(*(view(c) for c in sorted(service.owned))) if v is not None]
     if service.exports_global:
@@ -191,7 +201,8 @@ async def _snapshot(service) -> SnapshotCollector:
         unknown = await service.store.unknown_labels()
     else:
         invalid, unknown = {}, 0
-    return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped)
+    return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped,
+                             service.failures.of(sorted(service.owned)))
 
 
 async def render(service) -> bytes:

@@ -1,0 +1,50 @@
+"""Failures confined to one classifier: the request loop's step and the scrape's read of its
+figures (`STAGES`).  A failure of the classifier's own (a bug, or state it cannot read: a member
+written by an older version, a numerical edge case) must not stop the other classifiers' label
+requests nor empty /metrics for all of them, so the caller catches it, `record`s it and goes on;
+an outage (`OUTAGES`) is the service's, not the classifier's, and the caller lets it through.
+
+Counted per classifier and stage (``stratameter_classifier_failures_total``, this process's) and
+logged with the classifier and its traceback at most once a minute per classifier and stage: a
+lasting failure repeats on every pass of the loop (0.25 s) and every scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+
+log = logging.getLogger("stratameter")
+
+#: Errors of Redis or Kafka themselves: every classifier would fail alike, so they end the pass
+#: or the scrape as before and are reported as outages, not counted against a classifier.
+OUTAGES = (RedisError, OSError, asyncio.TimeoutError, KafkaError)
+#: Where a classifier's failure is confined: its request-loop step, its figures on /metrics.
+STAGES = ("request_loop", "metrics")
+#: A lasting failure is logged with its traceback at most this often per classifier and stage.
+LOG_EVERY_SECONDS = 60.0
+
+
+class ClassifierFailures:
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = {}
+        self._logged: dict[tuple[str, str], float] = {}
+
+    def record(self, cid: str, stage: str) -> None:
+        """Count the exception being handled against `cid` at `stage` (one of `STAGES`) and log
+        it unless it was logged less than `LOG_EVERY_SECONDS` ago.  Call it in an ``except``."""
+        key = (cid, stage)
+        failures = self.counts[key] = self.counts.get(key, 0) + 1
+        now = time.monotonic()
+        if now - self._logged.get(key, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
+            self._logged[key] = now
+            log.exception("classifier failure confined to it", extra={"classifier": cid, "stage": stage,
+                                                                       "failures": failures})
+
+    def of(self, cids) -> dict[tuple[str, str], int]:
+        """The counts of every classifier in `cids` at every stage, 0 where none failed (a counter
+        exported from 0 lets `increase` see the first failure)."""
+        return {(cid, stage): self.counts.get((cid, stage), 0) for cid in cids for stage in STAGES}
