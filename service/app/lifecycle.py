@@ -1,6 +1,10 @@
 """How a process of the service's kind runs: its HTTP endpoints, then its loops until SIGTERM or
 SIGINT, then closing; one log line naming the settings when it cannot start (`stratameter run`,
-`app.runner`; `stratameter bridge label-studio`, `bridge.bridge`)."""
+`app.runner`; `stratameter bridge label-studio`, `bridge.bridge`).  A loop that ends before it
+is told to (an exception nothing inside it handles) stops the process with exit code 1: left
+running, the process would answer its probes and hold its partitions and leases with nothing
+consumed (the orchestrator restarts it; every state change is idempotent, so the replay is
+harmless)."""
 
 from __future__ import annotations
 
@@ -43,10 +47,28 @@ async def run_until_stopped(process, settings: Settings, serve, http_setting: st
     message, extra = started()
     logger.info(message, extra={**extra, "settings": settings.safe_dict()})
     tasks = process.spawn()
-    await process.stopping.wait()
+    failed = await _until_stopped(process.stopping, tasks, logger)
     logger.info("stopping")
     await asyncio.gather(*tasks, return_exceptions=True)
     server.close()
     await process.stop()
     logger.info("stopped")
-    return 0
+    return 1 if failed else 0
+
+
+async def _until_stopped(stopping: asyncio.Event, tasks: list[asyncio.Task], logger: logging.Logger) -> bool:
+    """Wait until `stopping` is set, or one of the loops `tasks` ends first: then log how it
+    ended, set `stopping` (the other loops finish) and return True."""
+    told = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait([told, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        told.cancel()
+    if stopping.is_set():
+        return False
+    for task in (t for t in tasks if t.done()):
+        error = None if task.cancelled() else task.exception()
+        logger.error("a loop of the process ended before it was told to stop: stopping (exit code 1)",
+                     extra={"loop": task.get_coro().__qualname__}, exc_info=error)
+    stopping.set()
+    return True
