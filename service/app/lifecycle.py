@@ -24,7 +24,8 @@ async def run_until_stopped(process, settings: Settings, serve, http_setting: st
     """A process of the service's kind (`start`, `spawn` its loops, `stopping`, `stop`: the service
     and the Label Studio bridge) with its HTTP endpoints (`serve(process, host, port)`) until
     SIGTERM/SIGINT: exit 0 once its loops have finished and it is closed; 1, with one log line
-    naming the settings, when it cannot listen (`http_setting` + ``_HOST``/``_PORT``) or start.
+    naming the settings, when it cannot listen (`http_setting` + ``_HOST``/``_PORT``) or start;
+    1 too, after closing, when a loop ended before it was told to stop (`_until_stopped`).
     `started()` gives the start message and its extra log fields, logged to `logger`."""
     redact(settings.secret_values())
     loop = asyncio.get_running_loop()
