@@ -58,6 +58,13 @@ class Running:
                                  value=orjson.dumps({"request_id": request_id, "label": label}))
 
 
+async def service_topics(kafka_bootstrap: str, unique_name, partitions: int) -> dict[str, str]:
+    """The service's four topics ("scores", "requests", "labels", "dlq"), fresh names, created."""
+    topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
+    await create_topics(kafka_bootstrap, list(topics.values()), partitions=partitions)
+    return topics
+
+
 @contextlib.asynccontextmanager
 async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, service_bootstrap: str | None = None,
                           **settings: str):
@@ -67,8 +74,7 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
     while the test's producer talks to the broker directly."""
     from stratameter.app.runner import Service
 
-    topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
-    await create_topics(kafka_bootstrap, list(topics.values()), partitions=3)
+    topics = await service_topics(kafka_bootstrap, unique_name, 3)
     port = find_free_port()
     env = {
         "KAFKA_BOOTSTRAP_SERVERS": service_bootstrap or kafka_bootstrap, "KAFKA_CONSUMER_GROUP": unique_name("group"),
@@ -246,6 +252,13 @@ class Workload:
             assert doc["labels_by_outcome"]["skipped"] == sum(label is None for label in mine)
             assert doc["labels"] == folded == sum(s["labels"] for s in doc["strata"])
         assert len(set(self.requested_items.values())) == len(self.requested_items)
+
+
+async def new_workload(kafka_bootstrap: str, backend: RedisBackend, unique_name, partitions: int) -> Workload:
+    """A `Workload` on fresh topics (`service_topics`), consumer group and key prefix."""
+    topics = await service_topics(kafka_bootstrap, unique_name, partitions)
+    return Workload(kafka_bootstrap, backend.url, topics, unique_name("group"), unique_name("sm"),
+                    redis_cluster=backend.cluster)
 
 
 async def converged(port: int, classifiers) -> dict | None:

@@ -90,7 +90,7 @@ async def test_a_classifier_whose_step_fails_does_not_stop_the_others(kafka_boot
 async def test_a_classifier_whose_figures_cannot_be_read_leaves_the_others_on_metrics(kafka_bootstrap, redis_url,
                                                                                      unique_name, caplog):
     """A chunk field `a-broken`'s figures cannot parse failed the whole scrape (HTTP 503), so
-    Prometheus saw the service down and every classifier's series went stale."""
+    Prometheus marked the replica's scrape failed and every classifier it owns went stale."""
     caplog.set_level(logging.ERROR, logger="stratameter")
     async with running_service(kafka_bootstrap, redis_url, unique_name) as run:
         settings = run.service.settings

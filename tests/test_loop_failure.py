@@ -13,18 +13,16 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from stratameter.embedded import create_topics, find_free_port
+from stratameter.embedded import find_free_port
 from stratameter.ingest.aggregate import chunk_of
 from stratameter.state.keys import Keys
-from tests.harness import ServiceProcess, Workload, http_get, wait_for
+from tests.harness import RedisBackend, ServiceProcess, http_get, new_workload, wait_for
 
 pytestmark = pytest.mark.integration
 
 
 async def test_the_process_stops_when_its_consume_pipeline_fails(kafka_bootstrap, redis_url, unique_name, tmp_path):
-    topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
-    await create_topics(kafka_bootstrap, list(topics.values()), partitions=3)
-    work = Workload(kafka_bootstrap, redis_url, topics, unique_name("group"), unique_name("sm"))
+    work = await new_workload(kafka_bootstrap, RedisBackend(redis_url, False), unique_name, 3)
     now_ms = int(time.time() * 1000)
     # strata boundaries the ingest cannot parse (no version writes them): opening the chunk raises
     redis = Redis.from_url(redis_url)
@@ -43,7 +41,7 @@ async def test_the_process_stops_when_its_consume_pipeline_fails(kafka_bootstrap
 
         await wait_for(ready, 60, "the service ready")
         for i in range(50):
-            await producer.send(topics["scores"], key=b"bad", value=orjson.dumps(
+            await producer.send(work.topics["scores"], key=b"bad", value=orjson.dumps(
                 {"classifier_id": "bad", "item_id": f"i{i}", "score": 0.9, "event_time": now_ms}))
         await producer.flush()
 

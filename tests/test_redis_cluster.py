@@ -13,8 +13,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.crc import key_slot
 
-from stratameter.embedded import EmbeddedRedisCluster, create_topics, find_free_port
-from tests.harness import ServiceProcess, Workload, converged, labels_folded, progress, scores_counted, wait_for
+from stratameter.embedded import EmbeddedRedisCluster, find_free_port
+from tests.harness import (RedisBackend, ServiceProcess, converged, labels_folded, new_workload, progress,
+                           scores_counted, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +33,7 @@ async def test_masters_sigkilled_mid_stream_and_restarted(kafka_bootstrap, durab
     classifiers, per = ("alpha", "beta.v2", "gamma:3", "epsilon"), 5000
     masters = {min(key_slot(f"{{{cid}}}".encode()) // (16384 // 3), 2) for cid in classifiers}
     assert masters == {0, 1, 2}  # every master holds a classifier (slots split in thirds)
-    topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
-    await create_topics(kafka_bootstrap, list(topics.values()), partitions=3)
-    work = Workload(kafka_bootstrap, durable_cluster.url, topics, unique_name("group"), unique_name("sm"),
-                    redis_cluster=True)
+    work = await new_workload(kafka_bootstrap, RedisBackend(durable_cluster.url, True), unique_name, 3)
     port = find_free_port()
     service = ServiceProcess(work.env(port, "solo", **SETTINGS), port, str(tmp_path / "service.log"))
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)

@@ -14,8 +14,8 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from stratameter.embedded import create_topics, find_free_port
-from tests.harness import (RedisBackend, ServiceProcess, Workload, converged, http_get, labels_folded, read_topic,
+from stratameter.embedded import find_free_port
+from tests.harness import (RedisBackend, ServiceProcess, converged, http_get, labels_folded, new_workload, read_topic,
                            scores_counted, wait_for)
 
 pytestmark = pytest.mark.integration
@@ -27,17 +27,10 @@ STREAM_SECONDS = 12  # the scores arrive over this long: at full speed the servi
 BAD = [b"{oops", b'{"classifier_id":"alpha","item_id":"x","score":NaN}', b'{"classifier_id":"alpha","score":1}']
 
 
-async def _workload(kafka_bootstrap, redis_backend, unique_name, partitions: int) -> Workload:
-    topics = {name: unique_name(name) for name in ("scores", "requests", "labels", "dlq")}
-    await create_topics(kafka_bootstrap, list(topics.values()), partitions=partitions)
-    return Workload(kafka_bootstrap, redis_backend.url, topics, unique_name("group"), unique_name("sm"),
-                    redis_cluster=redis_backend.cluster)
-
-
 async def test_one_instance_sigkilled_mid_ingest_and_mid_labelling(kafka_bootstrap, redis_backend, unique_name,
                                                                    tmp_path):
     classifiers, per = ("alpha", "beta.v2", "gamma:3"), 8000
-    work = await _workload(kafka_bootstrap, redis_backend, unique_name, 3)
+    work = await new_workload(kafka_bootstrap, redis_backend, unique_name, 3)
     port = find_free_port()
     service = ServiceProcess(work.env(port, "solo", **SETTINGS), port, str(tmp_path / "service.log"))
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
@@ -64,7 +57,7 @@ async def test_sigkilled_while_sampling_predicted_negatives(kafka_bootstrap, red
     threshold); kills mid-ingest and mid-labelling replay batches with negatives and nothing is
     counted twice on either side."""
     classifiers, per = ("delta",), 20000
-    work = await _workload(kafka_bootstrap, RedisBackend(redis_url, False), unique_name, 3)
+    work = await new_workload(kafka_bootstrap, RedisBackend(redis_url, False), unique_name, 3)
     port = find_free_port()
     settings = {**SETTINGS, "THRESHOLD": "0.75", "METRICS": "precision,recall,f1,accuracy"}
     service = ServiceProcess(work.env(port, "solo", **settings), port, str(tmp_path / "service.log"))
@@ -90,7 +83,7 @@ async def test_sigkilled_while_sampling_predicted_negatives(kafka_bootstrap, red
 async def test_instances_killed_for_good_survivors_take_over(instances, kafka_bootstrap, redis_backend, unique_name,
                                                              tmp_path):
     classifiers, per = tuple(f"clf-{i}" for i in range(6)), 4000
-    work = await _workload(kafka_bootstrap, redis_backend, unique_name, 6)
+    work = await new_workload(kafka_bootstrap, redis_backend, unique_name, 6)
     ports = [find_free_port() for _ in range(instances)]
     procs = [ServiceProcess(work.env(p, f"inst-{i}", **SETTINGS), p, str(tmp_path / f"i{i}.log"))
              for i, p in enumerate(ports)]

@@ -195,14 +195,15 @@ async def _snapshot(service) -> SnapshotCollector:
                 service.failures.record(cid, "metrics")
                 return None
 
-    views = [v for v in await asyncio.gather(*(view(c) for c in sorted(service.owned))) if v is not None]
+    owned = sorted(service.owned)
+    views = [v for v in await asyncio.gather(*(view(c) for c in owned)) if v is not None]
     if service.exports_global:
         invalid = await service.store.invalid_counts()
         unknown = await service.store.unknown_labels()
     else:
         invalid, unknown = {}, 0
     return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped,
-                             service.failures.of(sorted(service.owned)))
+                             service.failures.of(owned))
 
 
 async def render(service) -> bytes:
