@@ -297,3 +297,38 @@ def test_precision_of_both_sides_is_the_chunk_interval_of_the_positives():
         b = confusion.metric_interval("precision", N, n, h, positive, 0.95, fpc=closed)
         np.testing.assert_allclose([a.estimate, a.lower, a.upper, a.stderr], [b.estimate, b.lower, b.upper, b.stderr],
                                    rtol=0, atol=1e-12)
+
+
+def test_a_metric_over_an_empty_population_is_undefined_not_an_error():
+    """A chunk of a classifier sampling both sides whose predicted negatives are stratified before
+    its first predicted positive (the loop's absent positive side is one empty stratum): precision
+    has no population, so its interval is undefined (NaN), as `value` says, and the widest
+    interval is that of the metrics that have one; rows of a batch are judged apart.  It raised
+    "the population is empty" from the loop's every step of that chunk (seen in the demo's
+    fraud-rare classifier)."""
+    from stratameter.stats import streams
+
+    N3, side = np.array([0.0, 600.0, 400.0]), np.array([True, False, False])
+    n, h = np.array([0, 10, 10]), np.array([0, 1, 0])
+    precision = confusion.metric_interval("precision", N3, n, h, side)
+    assert all(np.isnan(getattr(precision, f)) for f in ("estimate", "lower", "upper", "stderr"))
+    recall = confusion.metric_interval("recall", N3, n, h, side)
+    assert np.isfinite(recall.halfwidth)
+    t = confusion.Target(("precision", "recall"), side)
+    widest = t.widest(N3, n, h, 0.95, False)
+    assert widest.halfwidth == pytest.approx(float(recall.halfwidth))
+    assert float(streams.chunk_interval(N3, n, h, 0.95, True, t).halfwidth) == pytest.approx(
+        float(confusion.metric_interval("recall", N3, n, h, side, fpc=True).halfwidth))
+    # the API's chunk of predicted negatives only lists no positive stratum at all
+    assert np.isnan(confusion.metric_interval("precision", N3[1:], n[1:], h[1:], side[1:]).halfwidth)
+    # nothing at all in the chunk: every metric undefined, so is the widest
+    assert np.isnan(t.widest(np.zeros(3), n * 0, h * 0, 0.95, False).halfwidth)
+    # a batch: the row with positives keeps its precision interval, the other has none
+    Nb = np.array([N3, [50.0, 600.0, 400.0]])
+    nb, hb = np.array([n, [10, 10, 10]]), np.array([h, [7, 1, 0]])
+    both = confusion.metric_interval("precision", Nb, nb, hb, side)
+    assert np.isnan(both.halfwidth[0]) and np.isfinite(both.halfwidth[1])
+    assert float(both.halfwidth[1]) == pytest.approx(float(confusion.metric_interval(
+        "precision", Nb[1], nb[1], hb[1], side).halfwidth))
+    with pytest.raises(ValueError, match="metric must be one of"):
+        confusion.metric_interval("precisoin", N3, n, h, side)

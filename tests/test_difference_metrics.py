@@ -168,3 +168,26 @@ def test_simulated_bias_and_coverage_of_every_metric(name):
         assert covered.mean() >= 0.94 and covered.mean() >= covered_plain.mean() - 0.01, (m, covered.mean())
         assert abs(shift.mean()) <= 0.1 * se.mean(), (m, shift.mean(), se.mean())
         assert half.mean() <= half_plain.mean(), (m, half.mean() / half_plain.mean())
+
+
+def test_a_chunk_with_no_predicted_positive_has_no_precision_and_no_calibrated_recall():
+    """The loop's chunk of predicted negatives only (its absent positive side one empty stratum),
+    past the calibration's minimum: precision has no population, so both its intervals are
+    undefined (NaN) and inactive; recall's plain variance is 0 (no predicted positive: TP is 0
+    for sure), which the difference estimator cannot reduce, so it stays inactive too (it was
+    active with a variance ratio 0/0 = NaN, which the loop's allocation then took in)."""
+    rng = np.random.default_rng(4)
+    N = np.array([0.0, 900.0, 700.0, 400.0])
+    side = np.array([True, False, False, False])
+    n = np.array([0, 30, 30, 30])
+    stratum = np.repeat(np.arange(4), n)
+    x = rng.normal(-2, 1, stratum.size)
+    y = (rng.random(stratum.size) < 0.1).astype(int)
+    items = Labelled(stratum, x, y, rng.integers(0, 2, stratum.size))
+    grid = StratumGrid(np.array([[-4.0, -1.0]] * 4), np.array([[0.0, 0.0]] + [[N[k] / 2] * 2 for k in (1, 2, 3)]))
+    out = calibrated_metrics(N, side, items, grid, ("precision", "recall"), min_labels=20)
+    precision = out["precision"]
+    assert np.isnan(precision.plain.halfwidth) and np.isnan(precision.interval.halfwidth) and not precision.active
+    recall = out["recall"]
+    assert recall.plain.stderr == 0 and not recall.active and recall.variance_ratio == 1.0
+    assert np.isfinite(recall.interval.halfwidth)

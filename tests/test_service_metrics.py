@@ -131,3 +131,55 @@ def test_a_provisional_negatives_side_leaves_precision_sampled():
     assert _sampled_sides([side(True, 0), side(False, 4)], cfg) == []
     assert _sampled_sides([side(False, 0), side(True, 4)], SimpleNamespace(metrics="recall")) == []
     assert _sampled_sides([side(True, 0)], SimpleNamespace(metrics="precision")) == []
+
+
+async def test_predicted_negatives_before_any_positive_are_sampled_for_recall(kafka_bootstrap, redis_url, unique_name):
+    """A whole stream whose chunk gets predicted negatives only for a while (the rare-positive
+    classifier of the demo): once they are stratified, the loop samples them for recall while
+    precision stays undefined (null, no population), and the chunk's positives are sampled once
+    they come.  Before, every step of that chunk raised "the population is empty" (precision's
+    interval over no predicted positive): no request, a request_loop failure counted each pass."""
+    rng = np.random.default_rng(3)
+    negatives = 300
+    y_neg = rng.random(negatives) < 0.1
+    score_neg = rng.uniform(0.0, 0.5, negatives)
+    settings = {"DELTA": "0.15", "CONFIDENCE": "0.95", "MAX_LABELS_PER_HOUR": "20000",
+                "METRICS": "precision,recall", "CALIBRATION_MIN_LABELS": "20"}
+    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+        now_ms = int(time.time() * 1000)
+        for i, s in enumerate(score_neg):
+            await run.send_score(classifier_id="rare", item_id=f"n{i}", score=float(s), predicted_positive=False,
+                                 event_time=now_ms)
+
+        async def answer(req):
+            i = int(req["item_id"][1:])
+            return bool(y_neg[i]) if req["item_id"][0] == "n" else bool(i % 4)
+
+        async def doc_with(cond):
+            status, body = await run.get("/v1/classifiers/rare")
+            doc = orjson.loads(body) if status == 200 else None
+            return doc if doc and cond(doc) else None
+
+        async with Reviewer(run, unique_name("rev"), answer) as reviewer:
+            doc = await wait_for(lambda: doc_with(lambda d: d["metrics"]["recall"]["ci_lower"] is not None), 60,
+                                 "labels on the predicted negatives and a recall interval")
+            assert doc["labels"] > 0 and all(not r["predicted_positive"] for r in reviewer.requests)
+            assert doc["metrics"]["precision"] == {"estimate": None, "ci_lower": None, "ci_upper": None,
+                                                   "stderr": None}
+            assert doc["estimate"] is None
+            status, body = await run.get("/metrics")
+            assert status == 200
+            failures = [line for line in body.decode().splitlines()
+                        if line.startswith("stratameter_classifier_failures_total{")]
+            assert failures and all(line.endswith(" 0.0") for line in failures), failures
+            for i in range(150):  # past the 25 x K items that stratify the positives (`_sampled_sides`)
+                await run.send_score(classifier_id="rare", item_id=f"p{i}", score=float(rng.uniform(0.5, 1.0)),
+                                     predicted_positive=True, event_time=now_ms)
+            doc = await wait_for(lambda: doc_with(lambda d: d["metrics"]["precision"]["ci_lower"] is not None), 60,
+                                 "a precision interval once predicted positives have come")
+            assert any(r["predicted_positive"] for r in reviewer.requests)
+        assert doc["estimate"] == doc["metrics"]["precision"]["estimate"]
+        status, body = await run.get("/metrics")
+        failures = [line for line in body.decode().splitlines()
+                    if line.startswith("stratameter_classifier_failures_total{")]
+        assert failures and all(line.endswith(" 0.0") for line in failures), failures

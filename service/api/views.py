@@ -68,7 +68,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "labels": sum(int(side.n.sum()) for side, _, _ in sides),
         "population": sum(int(side.N.sum()) for side, _, _ in sides),
         "rounds": max(side.round for side, _, _ in sides),
-        "status": _status(cs if cs.N.sum() else negatives, metrics, cfg.delta, closed),
+        "status": _status(cs if cs.N.sum() else negatives, _populated(metrics, sides), cfg.delta, closed),
         "closed": closed,
         "calibration": calibration_doc(calibration),
         "strata": strata,
@@ -91,18 +91,18 @@ def _strata(cs: ChunkState, first: int, side: str) -> list[dict]:
     } for k in range(cs.strata)]
 
 
-def _metrics(sides: list, names: list[str], confidence: float, closed: bool) -> dict:
-    """``{metric: {estimate, ci_lower, ci_upper, stderr}}`` (nulls until every non-empty stratum has two labels)."""
+def _columns(sides: list) -> tuple[np.ndarray, ...]:
+    """N, n, h and the predicted side (True: positive) of every stratum of `sides`, in order."""
     N, n, h = (np.concatenate([getattr(side, c) for side, _, _ in sides]) for c in ("N", "n", "h"))
-    positive = np.concatenate([np.full(side.strata, name == "positive") for side, _, name in sides])
-    out = {}
-    for m in names:
-        if N.sum() == 0 or (m == "precision" and not N[positive].sum()):
-            iv = None
-        else:
-            iv = confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed)
-        out[m] = _interval_doc(iv)
-    return out
+    return N, n, h, np.concatenate([np.full(side.strata, name == "positive") for side, _, name in sides])
+
+
+def _metrics(sides: list, names: list[str], confidence: float, closed: bool) -> dict:
+    """``{metric: {estimate, ci_lower, ci_upper, stderr}}`` (nulls until every non-empty stratum has
+    two labels, and for a metric with no population: precision with no predicted positive)."""
+    N, n, h, positive = _columns(sides)
+    return {m: _interval_doc(confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed))
+            for m in names}
 
 
 def _interval_doc(iv) -> dict:
@@ -114,6 +114,13 @@ def _interval_doc(iv) -> dict:
 
 def _lateness(cfg) -> float:
     return float(getattr(cfg, "allowed_lateness_seconds", 300))
+
+
+def _populated(metrics: dict, sides: list) -> dict:
+    """Those of `metrics` that have a population in the chunk (`confusion.population`): the ones
+    the loop's stopping rule looks at (`confusion.Target.widest`)."""
+    N, _, _, positive = _columns(sides)
+    return {m: doc for m, doc in metrics.items() if confusion.population(m, N, positive) > 0}
 
 
 def _status(lead: ChunkState, metrics: dict, delta: float, closed: bool) -> str:

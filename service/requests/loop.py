@@ -39,7 +39,7 @@ from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
 from ..state.keys import negatives_of, owner_of
 from ..state.store import ChunkState, Store
-from ..stats.confusion import Target
+from ..stats.confusion import Target, population
 
 log = logging.getLogger("stratameter.requests")
 
@@ -300,7 +300,7 @@ class RequestLoop:
         halfwidth = float(streams.chunk_interval(N, n, h, cfg.confidence, closed, target).halfwidth)
         # the reported estimators' (the difference estimator's where it is used): the widest interval,
         # its variance over the plain one's and the residual spreads size and allocate the rounds
-        halfwidth, ratio, scale = await self._reported(sides, cfg, closed, target, halfwidth)
+        halfwidth, ratio, scale = await self._reported(sides, cfg, closed, target, halfwidth, N)
         streak, labels = cs0.streak, int(n.sum())
         if pending == 0 and labels > cs0.evaluated_round:  # a round completed with new labels: evaluate once
             streak = int(stopping.next_streak(streak, halfwidth, cfg.delta))
@@ -369,9 +369,10 @@ class RequestLoop:
         await self.store.mark_published(sd.state_id, issued)
         return len(issued)
 
-    async def _reported(self, sides: list[Side], cfg, closed: bool, target, plain_halfwidth: float
+    async def _reported(self, sides: list[Side], cfg, closed: bool, target, plain_halfwidth: float, N: np.ndarray
                         ) -> tuple[float, float, np.ndarray | None]:
-        """(half-width, variance ratio, spread scale) of the chunk's widest reported interval:
+        """(half-width, variance ratio, spread scale) of the chunk's widest reported interval among
+        the metrics with a population in it (`N` per stratum, as `confusion.Target.widest`):
         `plain_halfwidth`, 1 and None unless the difference estimator is reported for some enabled
         metric (`labels.calibrated.chunk_calibrations`)."""
         metrics = ("precision",) if target is None else target.metrics
@@ -381,6 +382,8 @@ class RequestLoop:
                                          metrics)
         if found is None or not any(c.active for c in found.values()):
             return plain_halfwidth, 1.0, None
+        if target is not None:
+            found = {m: c for m, c in found.items() if population(m, N, target.positive) > 0} or found
         widest = max(found.values(), key=lambda c: float(np.nan_to_num(c.interval.halfwidth, nan=np.inf)))
         halfwidth = float(widest.interval.halfwidth)
         return halfwidth, widest.variance_ratio, widest.allocation_scale

@@ -38,6 +38,7 @@ from .estimator import (
     half_label_smoothed,
     shift_of_means,
     stratum_variances,
+    undefined_interval,
     wilson_interval,
     wilson_score,
     z_value,
@@ -214,7 +215,8 @@ def moments_ratio_interval(metric: str, N, moments: StratumMoments, events, posi
     z = z_value(confidence)
     p_smooth = np.clip(moments.guarded_mean, 1e-9, 1.0 - 1e-9)
     g = gradient(metric, N, p_smooth, positive)
-    var = np.sum(np.where(g != 0.0, g * g * moments.variances(N, fpc), 0.0), axis=-1)
+    with np.errstate(invalid="ignore"):  # 0 x inf where a stratum with no weight has < 2 labels: dropped
+        var = np.sum(np.where(g != 0.0, g * g * moments.variances(N, fpc), 0.0), axis=-1)
     se = np.sqrt(var)
     shift = shift_of_means(N, n, p_smooth, moments.spread, g * g, var, fpc)
     shift = np.where(np.minimum(events, n - events) >= SHIFT_MIN_EVENTS, shift, 0.0)
@@ -237,17 +239,37 @@ def correct_counts(n, h, positive) -> np.ndarray:
     return np.where(np.asarray(positive, dtype=bool), h, n - h)
 
 
+def population(metric: str, N, positive) -> np.ndarray:
+    """Items `metric` is taken over, per row: the predicted positives for precision, all else."""
+    N = np.asarray(N, dtype=float)
+    if metric == "precision":
+        return N[..., np.asarray(positive, dtype=bool)].sum(axis=-1)
+    return N.sum(axis=-1)
+
+
 def metric_interval(metric: str, N, n, h, positive, confidence: float = 0.95, fpc: bool = True) -> Interval:
-    """The interval the service reports for `metric` (see the module docstring)."""
+    """The interval the service reports for `metric` (see the module docstring).  Undefined (NaN)
+    where the metric has no population (`population`), as its `value` is: precision of a chunk
+    with no predicted positive yet."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    empty = population(metric, N, positive) <= 0
+    if not np.any(empty):
+        return _metric_interval(metric, N, n, h, positive, confidence, fpc)
+    if np.all(empty):
+        return undefined_interval(np.shape(empty))
+    stand_in = np.where(empty[..., None], 1.0, np.asarray(N, dtype=float))  # its interval is dropped
+    return _metric_interval(metric, stand_in, n, h, positive, confidence, fpc).undefined_where(empty)
+
+
+def _metric_interval(metric: str, N, n, h, positive, confidence: float, fpc: bool) -> Interval:
     if metric == "precision":
         pos = np.asarray(positive, dtype=bool)
         return wilson_interval(np.asarray(N)[..., pos], np.asarray(n)[..., pos], np.asarray(h)[..., pos],
                                confidence, fpc)
     if metric == "accuracy":
         return wilson_interval(N, n, correct_counts(n, h, positive), confidence, fpc)
-    if metric in ("recall", "f1"):
-        return ratio_interval(metric, N, n, h, positive, confidence, fpc)
-    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    return ratio_interval(metric, N, n, h, positive, confidence, fpc)
 
 
 def allocation_scale(metrics, N, n, h, positive, variances=None) -> np.ndarray:
@@ -313,17 +335,18 @@ class Target:
         return {m: metric_interval(m, N, n, h, self.positive, confidence, fpc) for m in self.metrics}
 
     def widest(self, N, n, h, confidence: float, fpc: bool) -> Interval:
-        """The interval with the largest half-width (NaN if any is still unknown):
-        the one the stopping rule and the label forecasts look at."""
-        ivs = list(self.intervals(N, n, h, confidence, fpc).values())
+        """The interval with the largest half-width among the metrics that have a population
+        (`population`; NaN if any of those is still unknown, or none has one): the one the
+        stopping rule and the label forecasts look at."""
+        ivs = self.intervals(N, n, h, confidence, fpc)
         if len(ivs) == 1:
-            return ivs[0]
-        hw = np.stack([np.where(np.isnan(iv.halfwidth), np.inf, iv.halfwidth) for iv in ivs])
+            return next(iter(ivs.values()))
+        hw = np.stack([np.where(population(m, N, self.positive) <= 0, -np.inf,
+                                np.where(np.isnan(iv.halfwidth), np.inf, iv.halfwidth)) for m, iv in ivs.items()])
         pick = np.argmax(hw, axis=0)
-        take = lambda field: np.choose(pick, [getattr(iv, field) for iv in ivs])  # noqa: E731
+        take = lambda field: np.choose(pick, [getattr(iv, field) for iv in ivs.values()])  # noqa: E731
         out = Interval(take("estimate"), take("lower"), take("upper"), take("stderr"))
-        unknown = np.isinf(np.max(hw, axis=0))
-        return Interval(*(np.where(unknown, np.nan, getattr(out, f)) for f in ("estimate", "lower", "upper", "stderr")))
+        return out.undefined_where(~np.isfinite(np.max(hw, axis=0)))
 
     def weights(self, N, p) -> list[np.ndarray]:
         """Per metric, ``|dM/dp_k|`` at proportions `p` (``W_k`` for precision)."""

@@ -38,8 +38,9 @@ import numpy as np
 from scipy.special import expit, logit
 
 from .calibration import resolve_kind
-from .confusion import METRICS, moments_ratio_interval
-from .estimator import Interval, StratumMoments, _as_counts, shift_of_means, weights, wilson_design_effect, z_value
+from .confusion import METRICS, moments_ratio_interval, population
+from .estimator import (Interval, StratumMoments, _as_counts, shift_of_means, undefined_interval, weights,
+                        wilson_design_effect, z_value)
 from .sketch import ScoreHistogram, bin_edges_score
 
 #: Labels a classifier's chunk needs before the calibration is used (below: the plain estimator).
@@ -245,6 +246,8 @@ def metric_interval(metric: str, N, positive, stratum, z, y, confidence: float =
     positive = np.asarray(positive, dtype=bool)
     stratum = np.asarray(stratum, dtype=int)
     z = np.asarray(z, dtype=float)
+    if metric in METRICS and population(metric, N, positive) <= 0:  # precision with no predicted positive
+        return undefined_interval(N.shape[:-1])
     if metric == "precision":
         renumber = np.cumsum(positive) - 1
         mine = positive[stratum]
@@ -328,7 +331,8 @@ def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics,
     out = {}
     for m in metrics:
         diff = metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
-        active = bool(np.isfinite(diff.stderr) and diff.stderr**2 <= margin * plain[m].stderr**2
+        # a plain variance of 0 (recall with no predicted positive: TP is 0 for sure) leaves nothing to reduce
+        active = bool(np.isfinite(diff.stderr) and plain[m].stderr > 0 and diff.stderr**2 <= margin * plain[m].stderr**2
                       and diff.halfwidth <= plain[m].halfwidth)
         out[m] = Calibrated(diff if active else plain[m], plain[m], diff, everything, labels, active, ratio)
     return out

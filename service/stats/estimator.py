@@ -131,6 +131,16 @@ class Interval:
     def halfwidth(self) -> np.ndarray:
         return (self.upper - self.lower) / 2.0
 
+    def undefined_where(self, mask) -> "Interval":
+        """This interval with every field NaN where `mask` (over runs) is true."""
+        return Interval(*(np.where(mask, np.nan, getattr(self, f)) for f in ("estimate", "lower", "upper", "stderr")))
+
+
+def undefined_interval(shape=()) -> Interval:
+    """An interval whose every field is NaN, over runs of `shape`: a metric with no population."""
+    nothing = np.full(shape, np.nan)
+    return Interval(nothing, nothing, nothing, nothing)
+
 
 @dataclass(frozen=True)
 class StratumMoments:
