@@ -9,6 +9,7 @@ running on the same machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ def _env(marker: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("STRATAMETER_") or k in ("STRATAMETER_TANSU_BIN", "STRATAMETER_REDIS_SERVER")}
     env[MARKER] = marker
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT dumps every thread's stack: what a demo that does not stop waits on
     return env
 
 
@@ -87,6 +89,19 @@ def _start(args: list[str], marker: str, tmp_path: Path):
     return proc, out, err
 
 
+def _wait_or_dump(proc: subprocess.Popen, timeout: float, tmp_path: Path, what: str) -> None:
+    """Wait for the demo to exit; when it does not within `timeout` s, abort it (the faulthandler
+    writes its threads' stacks to its stderr) and fail with the end of its stderr."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        stderr = (tmp_path / "stderr").read_text(errors="replace")
+        pytest.fail(f"the demo did not exit within {timeout:.0f}s {what}; the end of its stderr:\n{stderr[-6000:]}")
+
+
 def _kinds(cmdlines) -> set[str]:
     kinds = set()
     for c in cmdlines:
@@ -131,7 +146,7 @@ def test_demo_estimates_cover_truth_with_fewer_labels_than_random(tmp_path):
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            _wait_or_dump(proc, 30, tmp_path, "of SIGTERM (it had not ended by itself after 150 s)")
         out.close()
         err.close()
     stderr = (tmp_path / "stderr").read_text(errors="replace")
@@ -177,7 +192,7 @@ def test_demo_stops_everything_on_signal(tmp_path, sig):
         seen = _tree(marker, proc.pid)
         assert _kinds(seen.values()) == {"tansu", "redis", "service"}, seen
         proc.send_signal(sig)
-        proc.wait(40)
+        _wait_or_dump(proc, 40, tmp_path, f"of {sig.name}")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -227,3 +242,45 @@ def test_random_equivalent_labels_use_the_interval_s_own_finite_population_corre
     assert random_equivalent_labels(p, v_open ** 0.5, N, closed=True) == pytest.approx(472.3, abs=0.5)
     assert random_equivalent_labels(p, v_open ** 0.5, N, closed=False) == pytest.approx(618)
     assert random_equivalent_labels(1.0, 0.01, N) == 0.0 and random_equivalent_labels(None, 0.01, N) is None
+
+
+def test_a_child_that_ignores_sigterm_is_killed_and_reported(tmp_path):
+    """`ServiceProcess.stop`: SIGTERM, SIGKILL after the timeout, then a DemoError naming the
+    child and its log (the demo prints it and keeps the log), never a wait without end."""
+    import asyncio
+
+    from stratameter.demo.launch import DemoError, ServiceProcess
+
+    child = ServiceProcess(dict(os.environ), 0, tmp_path / "child.log", tmp_path, what="the stubborn child")
+    child.proc = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; "
+                                   "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+                                   "time.sleep(60)"], stdout=subprocess.PIPE)
+    assert child.proc.stdout.readline() == b"up\n"
+    t0 = time.monotonic()
+    with pytest.raises(DemoError, match="the stubborn child did not stop within 1s of SIGTERM and was killed"):
+        asyncio.run(child.stop(timeout=1.0))
+    assert time.monotonic() - t0 < 10
+    assert child.proc.returncode == -signal.SIGKILL and child.failed
+
+
+def test_a_wait_the_demo_makes_after_the_traffic_ends_the_signal_cuts_short():
+    """`orchestra._until`: a producer flush that never ends (a broker taking no record) is
+    cancelled once Ctrl-C sets the stop event; one that ends on an error raises it."""
+    import asyncio
+
+    from stratameter.demo.orchestra import _until
+
+    async def scenario():
+        stop = asyncio.Event()
+        never = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.2, stop.set)
+        await asyncio.wait_for(_until(stop, never), 5)
+        assert never.cancelled()
+
+        async def fails():
+            raise OSError("broker gone")
+
+        with pytest.raises(OSError, match="broker gone"):
+            await _until(asyncio.Event(), fails())
+
+    asyncio.run(scenario())

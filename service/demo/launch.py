@@ -107,15 +107,18 @@ class ServiceProcess:
         except OSError:
             return ""
 
-    async def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 15 s."""
+    async def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds: then DemoError (its log is kept)."""
         if self.proc is None or self.proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.to_thread(self.proc.wait, 15)
+            await asyncio.to_thread(self.proc.wait, timeout)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             await asyncio.to_thread(self.proc.wait)
+            self.failed = True
+            raise DemoError(f"{self.what} did not stop within {timeout:.0f}s of SIGTERM and was killed; "
+                            f"log {self.log_path}") from None

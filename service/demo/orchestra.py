@@ -38,6 +38,8 @@ from .scenarios import SCENARIOS, THRESHOLD, GroundTruth, chunk_of
 
 REVIEWERS = ("ana", "bo", "chen", "dara")
 TICK_S = 0.1
+CLIENT_STOP_S = 10.0  # the demo's producer and reviewer; the service gets 15 s (`ServiceProcess.stop`)
+LAST_READ_S = 2.0  # the service's figures for the summary, once stopped: they are a read away
 
 
 @dataclass
@@ -192,17 +194,26 @@ class Demo:
         return [asyncio.create_task(c) for c in loops]
 
     async def _shutdown(self) -> None:
-        """The demo's clients, then the service and the bridge, then the backends; each group at
-        once, since nothing in a group waits for another of it.  One after the other, their
-        timeouts added up to 65 s after Ctrl-C (10 + 10 + 15 + 15 + 5 + 5 + 5), now 30."""
+        """The demo's clients, the service and the bridge at once (none waits for another), then
+        the backends they all use: at most 20 s after Ctrl-C (max(10, 15) + 5).  Whatever fails
+        to stop, the backends are still closed.  One after the other their timeouts added up to
+        65 s (10 + 10 + 15 + 15 + 5 + 5 + 5); with the clients before the processes, to 30."""
+        started = time.monotonic()
         for t in list(self.answers):
             t.cancel()
         await asyncio.gather(*self.answers, return_exceptions=True)
-        await asyncio.gather(*(asyncio.wait_for(client.stop(), 10) for client in (self.reviewer, self.producer)
-                               if client is not None), return_exceptions=True)
-        await asyncio.gather(*(p.stop() for p in (self.bridge, self.service) if p is not None))
+        clients = [asyncio.wait_for(client.stop(), CLIENT_STOP_S) for client in (self.reviewer, self.producer)
+                   if client is not None]
+        processes = [p.stop() for p in (self.bridge, self.service) if p is not None]
+        stopped = await asyncio.gather(*clients, *processes, return_exceptions=True)
         backends = (self.label_studio, self.redis, self.kafka)
-        await asyncio.gather(*(asyncio.to_thread(b.close) for b in backends if b is not None))
+        stopped += await asyncio.gather(*(asyncio.to_thread(b.close) for b in backends if b is not None),
+                                        return_exceptions=True)
+        failures = [str(e) or repr(e) for e in stopped if isinstance(e, BaseException)]
+        took = time.monotonic() - started
+        if failures or took > 10:
+            self.err.print(f"stopping took {took:.1f}s" + (f"; not stopped cleanly: {', '.join(failures)}"
+                                                            if failures else ""))
         if not any(p is not None and p.failed for p in (self.service, self.bridge)):  # kept when one failed
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -233,15 +244,15 @@ class Demo:
                 self.phase = "settling"
                 await self._settle()
             self.phase = "stopping"
-            await self._refresh()
+            await self._refresh(LAST_READ_S)
         return self.summary()
 
     async def _settle(self) -> None:
         """Scores have stopped: let the service ingest them all (waiting past the end if it
         must: the truth is only comparable once it has), and the reviewers label the last
         chunk until it converges or the run's time is up."""
-        with contextlib.suppress(Exception):
-            await self.producer.flush()
+        with contextlib.suppress(Exception):  # until stopped: a broker that takes no record must not hold Ctrl-C
+            await _until(self.stop, self.producer.flush())
         ingest_deadline = max(self.ends_at, time.time()) + 30
         while not self.stop.is_set() and time.time() < ingest_deadline:
             docs = await self._refresh()
@@ -320,14 +331,15 @@ class Demo:
             self.answered += 1
 
     # ---- view -------------------------------------------------------------------------
-    async def _refresh(self) -> dict[str, dict | None]:
-        for cid in self.docs:
-            try:
-                status, body = await http_get(self.port, f"/v1/classifiers/{cid}")
-            except (OSError, ValueError, IndexError):
-                continue
-            if status == 200:
-                self.docs[cid] = orjson.loads(body)
+    async def _refresh(self, timeout: float = 5.0) -> dict[str, dict | None]:
+        """Every classifier's figures from the service at once (each kept as it was when its read fails)."""
+        async def read(cid: str) -> None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                status, body = await http_get(self.port, f"/v1/classifiers/{cid}", timeout=timeout)
+                if status == 200:
+                    self.docs[cid] = orjson.loads(body)
+
+        await asyncio.gather(*(read(cid) for cid in self.docs))
         return self.docs
 
     def rows(self) -> list[dict]:
@@ -378,6 +390,19 @@ class Demo:
             if live is not None:
                 live.update(self.renderable())
             await asyncio.sleep(0.5)
+
+
+async def _until(stop: asyncio.Event, aw) -> None:
+    """Await `aw`, cancelled once `stop` is set; its error, if it ended on one, is raised."""
+    task, waiter = asyncio.ensure_future(aw), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, waiter):
+            t.cancel()
+        await asyncio.gather(task, waiter, return_exceptions=True)
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()
 
 
 async def _all_or_none(*aws) -> None:
