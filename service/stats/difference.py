@@ -332,7 +332,7 @@ def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics,
     for m in metrics:
         diff = metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
         # a plain variance of 0 (recall with no predicted positive: TP is 0 for sure) leaves nothing to reduce
-        active = bool(np.isfinite(diff.stderr) and plain[m].stderr > 0 and diff.stderr**2 <= margin * plain[m].stderr**2
-                      and diff.halfwidth <= plain[m].halfwidth)
+        active = bool(np.isfinite(diff.stderr) and plain[m].stderr > 0
+                      and diff.stderr**2 <= margin * plain[m].stderr**2 and diff.halfwidth <= plain[m].halfwidth)
         out[m] = Calibrated(diff if active else plain[m], plain[m], diff, everything, labels, active, ratio)
     return out
