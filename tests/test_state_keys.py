@@ -239,6 +239,8 @@ async def _exercise(store: Store, settings) -> None:
     await batch(0, 300, t0)  # chunk A opens with its strata (OPEN_CHUNK, INGEST)
     await batch(300, 10, t0 - 3_600_000)  # an older chunk opens provisional (exact scores kept)
     await batch(310, 80, t0 - 3_600_000)  # ... and is re-stratified first (INGEST refuses, RESTRATIFY)
+    await batch(390, 10, t0 - 7_200_000)  # another opens provisional and is kept in its one stratum (FREEZE)
+    assert await store.freeze(cid, (t0 - 7_200_000) // 3_600_000)
     (chunk_a,) = [t for t in await store.chunk_ids(cid) if t * 3_600_000 <= t0 < (t + 1) * 3_600_000]
     members = [entries[0][0] for entries in await store.reservoirs(cid, chunk_a, 4)]
     assert await store.acquire_lease(cid, "me", 10_000)  # LEASE

@@ -254,6 +254,29 @@ async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(settings, 
     assert not cs.provisional and cs.strata == 1 and cs.N.tolist() == [150]
 
 
+async def test_a_provisional_chunk_frozen_once_closed_keeps_one_stratum_and_counts_exactly(settings, store):
+    """FREEZE (the request loop, for a chunk that closed provisional, so that it can be sampled):
+    the chunk keeps its one stratum for good; the batch that would have re-stratified it, prepared
+    on the provisional cuts before the freeze, is refused as stale and counted exactly in the one
+    stratum; a second freeze does nothing, nor does a RESTRATIFY of the old version."""
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
+    feed = Feed(200, seed=8)
+    feed.positive[:] = True
+    assert await ingest.apply(0, np.arange(50), *feed.args(np.arange(50), np.arange(50))[1:]) == 50
+    cs = await _chunk(store, feed.cid)
+    assert cs.provisional
+    version = (await store.chunk_strata([(feed.cid, cs.chunk)]))[(feed.cid, cs.chunk)].version
+    late = await ingest.prepare(0, *feed.args(np.arange(50, 150), np.arange(50, 150)))  # on the provisional cuts
+    assert await store.freeze(feed.cid, cs.chunk)
+    assert not await store.freeze(feed.cid, cs.chunk)
+    assert await ingest.submit(late) == 100
+    cs = await _chunk(store, feed.cid)
+    assert not cs.provisional and cs.strata == 1 and cs.N.tolist() == [150]
+    assert not await store.restratify(feed.cid, cs.chunk, version, np.array([0.3, 0.5, 0.7]))
+    assert (await _chunk(store, feed.cid)).strata == 1
+    assert not await store.redis.exists(store.keys.chunk_pscores(feed.cid, cs.chunk))
+
+
 async def test_one_stratum_or_a_large_opening_batch_is_never_provisional(redis_url, unique_name):
     redis = Redis.from_url(redis_url)
     feed = Feed(150, seed=9)
@@ -340,3 +363,50 @@ async def test_the_stored_histogram_of_real_valued_scores_round_trips(settings, 
     hist, want = await store.chunk_score_histogram("margins", t), ScoreHistogram.from_scores(scores)
     assert (hist.counts.tolist(), hist.min, hist.max) == (want.counts.tolist(), want.min, want.max)
     assert hist.counts[0] == 1 and hist.counts[-1] == 1  # the two extreme buckets
+
+
+async def test_service_a_chunk_that_closes_provisional_is_sampled_in_its_one_stratum(
+        kafka_bootstrap, redis_url, unique_name):
+    """A classifier with fewer than 25 x K predicted positives a chunk (60 here, K = 4): its
+    chunk stays provisional while open and was never sampled, so it got no estimate at all.
+    Once the chunk closes the loop keeps it in its one stratum (FREEZE) and samples it like
+    any chunk: label requests for stratum 0, then an estimate and interval for that chunk."""
+    chunk_s, n = 20, 60
+    async with running_service(kafka_bootstrap, redis_url, unique_name, CHUNK_SECONDS=str(chunk_s),
+                               ALLOWED_LATENESS_SECONDS="2", MAX_LABELS_PER_HOUR="5000") as run:
+        now = int(time.time() * 1000)
+        if now % (chunk_s * 1000) > (chunk_s - 5) * 1000:  # not at the very end of a chunk: all in one
+            await asyncio.sleep(6)
+            now = int(time.time() * 1000)
+        rng = np.random.default_rng(4)
+        scores = rng.uniform(0.5, 1.0, n)
+        for i, s in enumerate(scores):
+            await run.send_score(classifier_id="slow", item_id=f"i{i}", score=float(s), predicted_positive=True,
+                                 event_time=now)
+        chunk = now // (chunk_s * 1000)
+        store = run.service.store
+
+        async def counted():
+            return int((await store.classifier_summary("slow"))["meta"].get("scores_total", 0)) >= n
+
+        await wait_for(counted, 30, "the records counted")
+        assert (await _chunk(store, "slow")).provisional
+        async with Reviewer(run, unique_name("rev"), lambda req: bool(scores[int(req["item_id"][1:])] > 0.7)
+                            ) as reviewer:
+            async def estimated():
+                status, body = await run.get("/v1/classifiers/slow")
+                doc = orjson.loads(body) if status == 200 else None
+                mine = [c for c in ([doc] + doc.get("history", []) if doc else [])
+                        if c["chunk"]["start"] == _iso_ms(chunk * chunk_s * 1000)]
+                return mine[0] if mine and mine[0]["ci_lower"] is not None else None
+
+            doc = await wait_for(estimated, chunk_s + 40, "an estimate of the chunk that closed provisional")
+        assert reviewer.requests and {r["stratum"] for r in reviewer.requests} == {0}
+        assert doc["closed"] and doc["population"] == n and len(doc["strata"]) == 1 and doc["labels"] >= 2
+        assert 0 <= doc["ci_lower"] <= doc["estimate"] <= doc["ci_upper"] <= 1
+        cs = await _chunk(store, "slow")
+        assert not cs.provisional and cs.strata == 1 and cs.N.tolist() == [n]
+
+
+def _iso_ms(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + ".000Z"

@@ -23,7 +23,8 @@ reservoir members moved to their strata, cuts version incremented) and
 re-aggregates the batch with the new cuts.  Payloads carry the cuts version they
 were built with and INGEST refuses a stale one, so an instance whose cached
 cuts another instance replaced reloads them and nothing is counted twice or in
-the wrong stratum.  The request loop does not sample a provisional chunk.
+the wrong stratum.  The request loop does not sample a provisional chunk; one that
+closes provisional it keeps in its one stratum for good (FREEZE) and samples.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ script checks the lease (fencing) so a paused former owner cannot issue.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -182,8 +183,11 @@ class RequestLoop:
             if not chunks:
                 return 0
         found = {sid: {cs.chunk: cs for cs in await self.store.chunks(sid, chunks)} for sid, _ in states}
+        moved = await self._freeze_closed(found, cfg, now)
         issued = 0
         for t in chunks:
+            if t in moved:
+                continue
             sides = _sampled_sides([Side(sid, found[sid].get(t), self.settings.for_classifier(sid), first,
                                          pending[sid].get(t, 0)) for sid, first in states], cfg)
             live = [sd.cs for sd in sides if sd.cs is not None]
@@ -200,6 +204,21 @@ class RequestLoop:
             else:
                 quiet.pop(t, None)
         return issued
+
+    async def _freeze_closed(self, found: dict[str, dict[int, ChunkState]], cfg, now: int) -> set[int]:
+        """Keep every provisional side of a closed chunk in its one stratum for good (FREEZE): its
+        25 x K items will never come, and only then may it be sampled (it was never sampled, so
+        a classifier with fewer predicted positives a chunk got no estimate).  `found` is updated;
+        returns the chunks re-stratified meanwhile (their strata changed: read again next pass)."""
+        moved = set()
+        for sid, by_chunk in found.items():
+            for t, cs in list(by_chunk.items()):
+                if cs.provisional and _closed(t, cfg, now):
+                    if await self.store.freeze(sid, t):
+                        by_chunk[t] = dataclasses.replace(cs, provisional=False)
+                    else:
+                        moved.add(t)
+        return moved
 
     async def _budget_left(self, state_ids: list[str], cfg, now: int, issued: int) -> int:
         """Requests the paced hourly budget of the states `state_ids` still allows after `issued`

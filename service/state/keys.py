@@ -11,7 +11,7 @@ Per classifier ``<prefix>:{cid}:...``
   offsets:labels      hash   labels partition -> last applied offset (LABEL's guard)
   chunks              zset   chunk id -> chunk id (chunks with data)
   c:<t>:meta          hash   cuts (JSON), cuts_version, provisional ("1" while the chunk has one
-                             stratum until RESTRATIFY), opened_ms, round, evaluated_round,
+                             stratum until RESTRATIFY, or FREEZE once closed), opened_ms, round, evaluated_round,
                              streak, status (OPEN_CHUNK, EVALUATE_ROUND, the request loop),
                              status_closed ("1" once the loop judged the status of the closed
                              chunk);
@@ -216,6 +216,10 @@ class Keys:
         """RESTRATIFY: the chunk's meta, N, pscores and its `strata` reservoirs."""
         return ([self.chunk_meta(cid, t), self.chunk_items(cid, t), self.chunk_pscores(cid, t)]
                 + [self.reservoir(cid, t, k) for k in range(strata)])
+
+    def freeze_keys(self, cid: str, t: int) -> list[str]:
+        """FREEZE: the chunk's meta and pscores."""
+        return [self.chunk_meta(cid, t), self.chunk_pscores(cid, t)]
 
     def label_keys(self, cid: str, rid: str, chunk: str) -> list[str]:
         """LABEL: the classifier's, the request's, its meta (does the state exist?), and (if

@@ -29,7 +29,7 @@ class ChunkState:
     tau: np.ndarray | None = None  # per stratum the inclusion threshold (stats.streams), None before any request
     first_ms: int = -1  # wall-clock time of the chunk's first and last arrival
     last_ms: int = -1
-    provisional: bool = False  # one stratum until its items let RESTRATIFY set its K strata: never sample it
+    provisional: bool = False  # one stratum until RESTRATIFY sets its K strata (or FREEZE keeps it): not sampled
     status_closed: bool = False  # `status` was judged after the chunk closed (its final verdict)
 
     @property

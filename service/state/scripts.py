@@ -22,7 +22,7 @@ from importlib import resources
 import msgspec
 
 #: Every script, by the name the store calls it (the file is ``lua/<name lower-cased>.lua``).
-NAMES = ("INGEST", "OPEN_CHUNK", "RESTRATIFY", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
+NAMES = ("INGEST", "OPEN_CHUNK", "RESTRATIFY", "FREEZE", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
          "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT", "FORGET")
 
 

@@ -87,6 +87,11 @@ class Store(Reads, ScriptCalls):
                                                     args=[version, orjson.dumps(cuts.tolist())])
         return int(done) == 1
 
+    async def freeze(self, cid: str, t: int) -> bool:
+        """Keep a provisional chunk that has closed in its one stratum for good (FREEZE), so it
+        can be sampled; False if it is not provisional any more (re-stratified meanwhile)."""
+        return int(await self._scripts["FREEZE"](keys=self.keys.freeze_keys(cid, t))) == 1
+
     async def chunk_score_histogram(self, cid: str, t: int) -> ScoreHistogram | None:
         """The score histogram of chunk `t` (None while it has none)."""
         pipe = self.redis.pipeline(transaction=False)
