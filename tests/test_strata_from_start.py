@@ -240,13 +240,19 @@ async def test_two_instances_racing_on_one_new_classifier_stay_consistent(settin
     assert [done for _cid, done in seen["restratified"]].count(True) == 1, seen
 
 
-async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(settings, store):
+async def _provisional_chunk(settings, store, seed: int):
+    """An ingestor, a feed of 200 predicted positives and its chunk, provisional after the first 50."""
     ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
-    feed = Feed(200, seed=7)
+    feed = Feed(200, seed=seed)
     feed.positive[:] = True
     assert await ingest.apply(0, np.arange(50), *feed.args(np.arange(50), np.arange(50))[1:]) == 50
     cs = await _chunk(store, feed.cid)
     assert cs.provisional
+    return ingest, feed, cs
+
+
+async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(settings, store):
+    ingest, feed, cs = await _provisional_chunk(settings, store, seed=7)
     # retention purges its reservoir and exact scores (as for a chunk older than CHUNK_RETENTION)
     await store.purge_chunks(feed.cid, [cs.chunk, cs.chunk + 1], keep_full=1, keep_history=10)
     assert await ingest.apply(0, np.arange(50, 150), *feed.args(np.arange(50, 150), np.arange(50, 150))[1:]) == 100
@@ -259,12 +265,7 @@ async def test_a_provisional_chunk_frozen_once_closed_keeps_one_stratum_and_coun
     the chunk keeps its one stratum for good; the batch that would have re-stratified it, prepared
     on the provisional cuts before the freeze, is refused as stale and counted exactly in the one
     stratum; a second freeze does nothing, nor does a RESTRATIFY of the old version."""
-    ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
-    feed = Feed(200, seed=8)
-    feed.positive[:] = True
-    assert await ingest.apply(0, np.arange(50), *feed.args(np.arange(50), np.arange(50))[1:]) == 50
-    cs = await _chunk(store, feed.cid)
-    assert cs.provisional
+    ingest, feed, cs = await _provisional_chunk(settings, store, seed=8)
     version = (await store.chunk_strata([(feed.cid, cs.chunk)]))[(feed.cid, cs.chunk)].version
     late = await ingest.prepare(0, *feed.args(np.arange(50, 150), np.arange(50, 150)))  # on the provisional cuts
     assert await store.freeze(feed.cid, cs.chunk)

@@ -49,7 +49,8 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     if cs.N.sum() == 0 and negatives is not None:
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]
-    metrics = _metrics(sides, metric_names, cfg.confidence, closed)
+    columns = _columns(sides)
+    metrics = _metrics(columns, metric_names, cfg.confidence, closed)
     active = {m: _interval_doc(c.interval) for m, c in (calibration or {}).items() if c.active}
     metrics.update({m: doc for m, doc in active.items() if m in metrics})
     if "precision" in active:
@@ -57,7 +58,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     elif "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
         top = metrics["precision"]
     else:
-        top = _metrics([(cs, 0, "positive")], ["precision"], cfg.confidence, closed)["precision"]
+        top = _metrics(_columns([(cs, 0, "positive")]), ["precision"], cfg.confidence, closed)["precision"]
     return {
         "chunk": {"start": _iso(cs.chunk * chunk_seconds), "end": _iso((cs.chunk + 1) * chunk_seconds)},
         "estimate": top["estimate"],
@@ -68,7 +69,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "labels": sum(int(side.n.sum()) for side, _, _ in sides),
         "population": sum(int(side.N.sum()) for side, _, _ in sides),
         "rounds": max(side.round for side, _, _ in sides),
-        "status": _status(cs if cs.N.sum() else negatives, _populated(metrics, sides), cfg.delta, closed),
+        "status": _status(cs if cs.N.sum() else negatives, _populated(metrics, columns), cfg.delta, closed),
         "closed": closed,
         "calibration": calibration_doc(calibration),
         "strata": strata,
@@ -97,17 +98,18 @@ def _columns(sides: list) -> tuple[np.ndarray, ...]:
     return N, n, h, np.concatenate([np.full(side.strata, name == "positive") for side, _, name in sides])
 
 
-def _metrics(sides: list, names: list[str], confidence: float, closed: bool) -> dict:
-    """``{metric: {estimate, ci_lower, ci_upper, stderr}}`` (nulls until every non-empty stratum has
-    two labels, and for a metric with no population: precision with no predicted positive)."""
-    N, n, h, positive = _columns(sides)
+def _metrics(columns: tuple, names: list[str], confidence: float, closed: bool) -> dict:
+    """``{metric: {estimate, ci_lower, ci_upper, stderr}}`` over the strata's `columns` (`_columns`):
+    nulls until every non-empty stratum has two labels, and for a metric with no population
+    (precision with no predicted positive)."""
+    N, n, h, positive = columns
     return {m: _interval_doc(confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed))
             for m in names}
 
 
 def _interval_doc(iv) -> dict:
     """``{estimate, ci_lower, ci_upper, stderr}``, all null unless the interval is finite."""
-    ok = iv is not None and np.isfinite(iv.lower) and np.isfinite(iv.upper)
+    ok = np.isfinite(iv.lower) and np.isfinite(iv.upper)
     return {"estimate": _num(iv.estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
             "ci_upper": _num(iv.upper) if ok else None, "stderr": _num(iv.stderr) if ok else None}
 
@@ -116,10 +118,10 @@ def _lateness(cfg) -> float:
     return float(getattr(cfg, "allowed_lateness_seconds", 300))
 
 
-def _populated(metrics: dict, sides: list) -> dict:
-    """Those of `metrics` that have a population in the chunk (`confusion.population`): the ones
-    the loop's stopping rule looks at (`confusion.Target.widest`)."""
-    N, _, _, positive = _columns(sides)
+def _populated(metrics: dict, columns: tuple) -> dict:
+    """Those of `metrics` that have a population in the strata's `columns` (`confusion.population`):
+    the ones the loop's stopping rule looks at (`confusion.Target.widest`)."""
+    N, _, _, positive = columns
     return {m: doc for m, doc in metrics.items() if confusion.population(m, N, positive) > 0}
 
 
