@@ -113,24 +113,48 @@ async def test_multiclass_accuracy_recipe(kafka_bootstrap, redis_url, unique_nam
     assert all(s["side"] == "positive" for s in doc["strata"]) and doc["population"] == 2000
 
 
-def test_a_provisional_negatives_side_leaves_precision_sampled():
-    """A chunk whose predicted negatives are too few for strata yet still samples its positives
-    for precision; without precision enabled, or with the positives provisional, nothing."""
+def test_a_provisional_side_is_held_beside_a_final_one():
+    """A chunk with one side too small for strata yet: the other side is sampled, the provisional
+    one stepped beside it held (`_due_by_side` never samples it); while the negatives are
+    provisional and precision is enabled, the positives alone (the precision design).  Nothing
+    while no side is final."""
     from types import SimpleNamespace
 
     from stratameter.requests.loop import Side, _sampled_sides
 
     def side(provisional, first):
-        cs = SimpleNamespace(provisional=provisional)
+        cs = None if provisional is None else SimpleNamespace(provisional=provisional)
         return Side("c" if first == 0 else "c~negatives", cs, None, first, 0)
 
     cfg = SimpleNamespace(metrics="precision,recall")
     both = [side(False, 0), side(False, 4)]
     assert _sampled_sides(both, cfg) == both
     assert [s.state_id for s in _sampled_sides([side(False, 0), side(True, 4)], cfg)] == ["c"]
-    assert _sampled_sides([side(True, 0), side(False, 4)], cfg) == []
-    assert _sampled_sides([side(False, 0), side(True, 4)], SimpleNamespace(metrics="recall")) == []
+    held_positives = [side(True, 0), side(False, 4)]
+    assert _sampled_sides(held_positives, cfg) == held_positives
+    held_negatives = [side(False, 0), side(True, 4)]
+    assert _sampled_sides(held_negatives, SimpleNamespace(metrics="recall")) == held_negatives
+    assert _sampled_sides([side(True, 0), side(True, 4)], cfg) == []
+    assert _sampled_sides([side(None, 0), side(True, 4)], cfg) == []
+    assert _sampled_sides([side(True, 0), side(None, 4)], cfg) == []
     assert _sampled_sides([side(True, 0)], SimpleNamespace(metrics="precision")) == []
+
+
+def test_the_plan_counts_a_held_side_as_labelled_at_its_prior():
+    """`_held_as_known`, by hand: the held positives' one stratum (20 items, prior 0.75) is planned
+    as 20 labels with 15 positive; the sampled negatives keep their own labels."""
+    from types import SimpleNamespace
+
+    from stratameter.requests.loop import Side, _held_as_known
+
+    held = Side("c", SimpleNamespace(provisional=True, strata=1), None, 0, 0)
+    sampled = Side("c~negatives", SimpleNamespace(provisional=False, strata=2), None, 1, 0)
+    N, n, h, q = np.array([20.0, 300, 200]), np.array([0.0, 8, 6]), np.array([0.0, 1, 2]), np.array([0.75, 0.01, 0.1])
+    n_plan, h_plan = _held_as_known([held, sampled], N, n, h, q)
+    assert n_plan.tolist() == [20, 8, 6] and h_plan.tolist() == [15, 1, 2]
+    final = Side("c", SimpleNamespace(provisional=False, strata=1), None, 0, 0)
+    as_is = _held_as_known([final, sampled], N, n, h, q)
+    assert as_is[0] is n and as_is[1] is h  # nothing held: the labels as they are
 
 
 async def test_predicted_negatives_before_any_positive_are_sampled_for_recall(kafka_bootstrap, redis_url, unique_name):
@@ -179,6 +203,76 @@ async def test_predicted_negatives_before_any_positive_are_sampled_for_recall(ka
                                  "a precision interval once predicted positives have come")
             assert any(r["predicted_positive"] for r in reviewer.requests)
         assert doc["estimate"] == doc["metrics"]["precision"]["estimate"]
+        status, body = await run.get("/metrics")
+        failures = [line for line in body.decode().splitlines()
+                    if line.startswith("stratameter_classifier_failures_total{")]
+        assert failures and all(line.endswith(" 0.0") for line in failures), failures
+
+
+async def test_negatives_are_sampled_while_the_positives_are_too_few_for_strata(kafka_bootstrap, redis_url,
+                                                                                  unique_name):
+    """A rare-positive chunk whose predicted positives came first but are fewer than 25 x K (still
+    provisional, one stratum): its predicted negatives are sampled meanwhile, the positives held
+    (no request, no interval yet, never converged), until the positives get their strata and are
+    sampled too.  Before, the loop sampled neither side from the chunk's first predicted positive
+    to its 100th: on a slow stream no label all chunk long."""
+    rng = np.random.default_rng(4)
+    negatives, first_positives = 300, 20
+    y_neg = rng.random(negatives) < 0.1
+    settings = {"DELTA": "0.05", "CONFIDENCE": "0.95", "MAX_LABELS_PER_HOUR": "20000", "METRICS": "precision,recall"}
+    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+        store = run.service.store
+        now_ms = int(time.time() * 1000)
+
+        async def send_positives(start, count):
+            for i in range(start, start + count):
+                await run.send_score(classifier_id="rare", item_id=f"p{i}", score=float(rng.uniform(0.5, 1.0)),
+                                     predicted_positive=True, event_time=now_ms)
+
+        async def counted(n):
+            return int((await store.classifier_summary("rare"))["meta"].get("scores_total", 0)) >= n
+
+        async def positives_provisional():
+            (t,) = await store.chunk_ids("rare")
+            (cs,) = await store.chunks("rare", [t])
+            return cs.provisional
+
+        await send_positives(0, first_positives)
+        await wait_for(lambda: counted(first_positives), 30, "the first positives counted")
+        for i, s in enumerate(rng.uniform(0.0, 0.5, negatives)):
+            await run.send_score(classifier_id="rare", item_id=f"n{i}", score=float(s), predicted_positive=False,
+                                 event_time=now_ms)
+        await wait_for(lambda: counted(first_positives + negatives), 30, "the negatives counted")
+
+        async def answer(req):
+            i = int(req["item_id"][1:])
+            return bool(y_neg[i]) if req["item_id"][0] == "n" else bool(i % 4)
+
+        async def get_doc():
+            status, body = await run.get("/v1/classifiers/rare")
+            assert status == 200, body
+            return orjson.loads(body)
+
+        async with Reviewer(run, unique_name("rev"), answer) as reviewer:
+            async def some_negatives_labelled():
+                return (await get_doc())["labels"] >= 10
+
+            await wait_for(some_negatives_labelled, 60, "labels on the negatives while the positives are provisional")
+            doc = await get_doc()
+            assert await positives_provisional()
+            assert reviewer.requests and not any(r["predicted_positive"] for r in reviewer.requests)
+            assert doc["status"] != "converged"
+            for m in ("precision", "recall"):  # the held positives have no label: no interval yet
+                assert doc["metrics"][m]["ci_lower"] is None, doc["metrics"]
+            await send_positives(first_positives, 150)  # past the 25 x K items that stratify them
+
+            async def both_intervals():
+                d = await get_doc()
+                return d if all(d["metrics"][m]["ci_lower"] is not None for m in ("precision", "recall")) else None
+
+            doc = await wait_for(both_intervals, 60, "precision and recall intervals once the positives have strata")
+            assert not await positives_provisional()
+            assert any(r["predicted_positive"] for r in reviewer.requests)
         status, body = await run.get("/metrics")
         failures = [line for line in body.decode().splitlines()
                     if line.startswith("stratameter_classifier_failures_total{")]

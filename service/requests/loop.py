@@ -71,6 +71,11 @@ class Side:
         return self.first_stratum == 0
 
     @property
+    def held(self) -> bool:
+        """A provisional side stepped beside a final one: counted, never sampled (`_sampled_sides`)."""
+        return self.cs is not None and self.cs.provisional
+
+    @property
     def strata(self) -> int:
         return self.cs.strata if self.cs is not None else 1
 
@@ -326,7 +331,11 @@ class RequestLoop:
             await self.store.evaluate_round(lead.state_id, t, labels, streak, cs0.status)
         converged = bool(np.isfinite(halfwidth) and halfwidth <= cfg.delta and streak >= cfg.stop_rounds)
         q = np.concatenate([await self._prior(sd) for sd in sides])
-        tau, want = streams.plan_requests(N, n, h, q, thresholds, N * final / total, flowing, pending == 0,
+        n_plan, h_plan = _held_as_known(sides, N, n, h, q)
+        if n_plan is not n:  # no round past what the sampled side needs at the held side's prior
+            converged = float(streams.chunk_interval(N, n_plan, h_plan, cfg.confidence, closed, target).halfwidth
+                              ) <= cfg.delta
+        tau, want = streams.plan_requests(N, n_plan, h_plan, q, thresholds, N * final / total, flowing, pending == 0,
                                           converged, cfg.delta, cfg.confidence,
                                           allocation.round_size(N.size, cfg.round_labels_per_stratum),
                                           closed=closed, target=target, variance_ratio=ratio, spread_scale=scale)
@@ -356,11 +365,11 @@ class RequestLoop:
     async def _due_by_side(self, sides: list[Side], tau: np.ndarray, want: np.ndarray
                            ) -> tuple[list, list, int]:
         """`_due` for each side's slice of the chunk's strata: the due items of both sides, the most
-        urgent first, each side's thresholds (None for a side with no items), the items left."""
+        urgent first, each side's thresholds (None for a side with no items or held), the items left."""
         due, taus, left, at = [], [], 0, 0
         for sd in sides:
             k = sd.strata
-            if sd.cs is not None:
+            if sd.cs is not None and not sd.held:
                 d, tau_side, left_side = await self._due(sd, tau[at:at + k], want[at:at + k])
                 due += d
                 left += left_side
@@ -472,14 +481,34 @@ def _target(cfg, sides: list[Side]):
     return Target(cfg.metrics.split(","), positive)
 
 
+def _held_as_known(sides: list[Side], N: np.ndarray, n: np.ndarray, h: np.ndarray, q: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The labels the design plans with: a held side's stratum counts as labelled whole, its
+    positives its prior's (score-based pseudo-observations, as `opt_track` uses before labels
+    arrive), so the rounds go to the strata that can be sampled (a round would otherwise go to
+    the held stratum, the one without a label, and never be issued) and allocate for the metrics
+    at the positives' expected share; the rounds end once that plan's interval is within delta
+    (the sampled side has what it needs).  Only the plan: the reported interval stays undefined."""
+    held = np.concatenate([np.full(sd.strata, sd.held) for sd in sides])
+    if not held.any():
+        return n, h
+    return np.where(held, N, n), np.where(held, q * N, h)
+
+
 def _sampled_sides(sides: list[Side], cfg) -> list[Side]:
-    """The sides of a chunk the loop samples now.  A provisional side (one stratum until 25 x K
-    of its items have arrived and RESTRATIFY sets its strata) is never sampled; while the
-    negatives' side is provisional the positives' is sampled alone for precision, if enabled
-    (else nothing is: no other metric can be estimated without both sides)."""
+    """The sides of a chunk the loop steps now.  A provisional side (one stratum until 25 x K of
+    its items have arrived and RESTRATIFY sets its strata) is never sampled (`_due_by_side`) but
+    is stepped *held* beside a final one: its items count in the design, its stratum has no
+    label, so no interval is reported and the chunk cannot converge, while the final side is
+    sampled meanwhile (else a rare-positive chunk's negatives paused from its first predicted
+    positive to its 100th, on a slow stream all chunk long).  While the negatives' side is
+    provisional, the positives' is sampled alone for precision if enabled (today's precision
+    design).  Nothing while no side is final."""
     if not any(sd.cs is not None and sd.cs.provisional for sd in sides):
         return sides
-    positives = sides[0]
-    if positives.cs is None or positives.cs.provisional or "precision" not in cfg.metrics.split(","):
+    if not any(sd.cs is not None and not sd.cs.provisional for sd in sides):
         return []
-    return [positives]
+    positives = sides[0]
+    if not positives.cs.provisional and "precision" in cfg.metrics.split(","):
+        return [positives]
+    return sides
