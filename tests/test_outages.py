@@ -10,6 +10,8 @@ import time
 import orjson
 import pytest
 
+from redis.asyncio import Redis
+
 from stratameter.embedded import EmbeddedRedis
 from tests.harness import running_service, wait_for
 
@@ -81,3 +83,50 @@ async def _scores_at_least(run, cid: str, n: int) -> bool:
         return await _scores(run, cid) >= n
     except (OSError, ValueError):
         return False
+
+
+async def test_a_full_redis_stalls_ingest_and_loses_nothing(kafka_bootstrap, unique_name, caplog):
+    """Redis at its maxmemory (no eviction, Redis's default policy) refuses every write but still
+    answers PING: /readyz says 503 (its probe writes), each batch is retried with a warning naming
+    the cause and the remedy, and once Redis has room every record is counted exactly once, the
+    predicted negatives' side too (a script refused at its first write changes nothing)."""
+    with EmbeddedRedis() as redis:
+        client = Redis.from_url(redis.url)
+        async with running_service(kafka_bootstrap, redis.url, unique_name, METRICS="precision,recall") as run:
+            now = int(time.time() * 1000)
+
+            async def send(cid: str, start: int, count: int, context: dict | None = None) -> None:
+                for i in range(start, start + count):
+                    await run.send_score(classifier_id=cid, item_id=f"i{i}", score=(i % 100) / 100,
+                                         predicted_positive=i % 100 >= 50, event_time=now, context=context)
+                await run.producer.flush()
+
+            await send("c0", 0, 300)
+            await wait_for(lambda: _scores_at_least(run, "c0", 300), 30, "the first scores")
+            used = (await client.info("memory"))["used_memory"]
+            await client.config_set("maxmemory", str(used + 100_000))
+            try:
+                for c in range(20):
+                    await send(f"c{c}", 300, 200, context={"text": "y" * 500})
+
+                async def out_of_memory_logged() -> bool:
+                    return any("Redis is out of memory" in r.getMessage() for r in caplog.records)
+
+                await wait_for(out_of_memory_logged, 30, "the retried batch's warning naming the cause")
+                assert sum([await _scores(run, f"c{c}") for c in range(20)]) < 300 + 20 * 200
+                # it answers PING, but the readiness probe's write is refused too
+                await wait_for(lambda: _not_ready(run), 15, "/readyz to report the full Redis")
+                await asyncio.sleep(3)
+                assert await _not_ready(run)
+            finally:
+                await client.config_set("maxmemory", "0")
+            await wait_for(lambda: _ready(run), 15, "ready again")
+            for c in range(20):
+                await wait_for(lambda c=c: _scores_at_least(run, f"c{c}", 500 if c == 0 else 200), 60, "the backlog")
+            await asyncio.sleep(2)
+            for c in range(20):
+                status, body = await run.get(f"/v1/classifiers/c{c}")
+                doc = orjson.loads(body)
+                assert (doc["scores"], doc["population"]) == ((500, 500) if c == 0 else (200, 200)), (c, doc)
+        await client.aclose()
+

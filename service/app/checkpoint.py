@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 
 from .batch import BatchHandler, StagedBatch
 from .consumer import KafkaClients
+from .failures import describe_outage
 from .probes import Health
 
 log = logging.getLogger("stratameter")
@@ -92,7 +93,7 @@ class Checkpoint:
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 staged = None  # redone with offsets reloaded from Redis (see ScoreIngestor.prepare)
                 self.health.redis_failed()
-                log.warning("redis unavailable; retrying batch: %r", exc)
+                log.warning("redis failed; retrying batch: %s", describe_outage(exc))
                 try:
                     await asyncio.wait_for(self.stopping.wait(), backoff)
                     return False

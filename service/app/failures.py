@@ -15,7 +15,9 @@ import logging
 import time
 
 from aiokafka.errors import KafkaError
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
+
+from .consumer import describe
 
 log = logging.getLogger("stratameter")
 
@@ -26,6 +28,17 @@ OUTAGES = (RedisError, OSError, asyncio.TimeoutError, KafkaError)
 STAGES = ("request_loop", "metrics")
 #: A lasting failure is logged with its traceback at most this often per classifier and stage.
 LOG_EVERY_SECONDS = 60.0
+
+
+def describe_outage(exc: BaseException) -> str:
+    """An outage for the log.  A Redis at its ``maxmemory`` (no eviction) refuses every write
+    while it still answers (each script at its first write, so nothing is half-applied): the
+    batch is retried as in any outage, and the message names the cause and the remedy."""
+    if isinstance(exc, OutOfMemoryError):
+        return ("Redis is out of memory (maxmemory reached): it refuses writes until it has room; give it "
+                "more memory, or keep less per classifier (RESERVOIR_SIZE, CHUNK_RETENTION; README "
+                f"'Failover and outages'): {describe(exc)}")
+    return describe(exc)
 
 
 class ClassifierFailures:

@@ -3,6 +3,8 @@
 aiokafka never raises while a broker is unreachable (it waits and retries), so
 readiness cannot be inferred from polling: both backends are probed.  The batch
 retries and the request loop also report Redis failures and successes here.
+The service probes Redis with a write: a Redis at its maxmemory answers PING but
+refuses every write, and the service cannot work then either.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from redis.exceptions import AuthenticationError
 
 from ..config import Settings, mask_url
 from .consumer import StartupError, describe
+from .failures import describe_outage
 
 log = logging.getLogger("stratameter")
 
@@ -45,7 +48,7 @@ class Health:
 
     async def probe_forever(self, kafka: Callable[[], Awaitable], redis: Callable[[], Awaitable],
                             stopping: asyncio.Event) -> None:
-        """Probe Kafka (`kafka()`, a metadata request) and Redis (`redis()`, PING) every
+        """Probe Kafka (`kafka()`, a metadata request) and Redis (`redis()`: PING, or a write) every
         `PROBE_INTERVAL_S` until `stopping` is set."""
         while not stopping.is_set():
             for probe, mark in ((kafka, "kafka_ok_at"), (redis, "redis_ok_at")):
@@ -53,7 +56,7 @@ class Health:
                     await asyncio.wait_for(probe(), PROBE_INTERVAL_S)
                     setattr(self, mark, time.time())
                 except Exception as exc:  # noqa: BLE001 - any failure means not ready
-                    log.warning("%s probe failed: %s", mark.split("_")[0], describe(exc))
+                    log.warning("%s probe failed: %s", mark.split("_")[0], describe_outage(exc))
             try:
                 await asyncio.wait_for(stopping.wait(), PROBE_INTERVAL_S)
             except asyncio.TimeoutError:

@@ -15,7 +15,7 @@ from ..config import Settings
 from ..requests.loop import RequestLoop
 from ..state.store import Store
 from .consumer import KafkaClients
-from .failures import OUTAGES, ClassifierFailures
+from .failures import OUTAGES, ClassifierFailures, describe_outage
 from .ownership import LEASE_MS, Leases
 from .probes import Health
 
@@ -71,7 +71,7 @@ class RequestTask:
                 self.health.redis_ok()
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             self.health.redis_failed()
-            log.warning("request loop: redis unavailable", extra={"error": repr(exc)})
+            log.warning("request loop: redis failed", extra={"error": describe_outage(exc)})
         except Exception:  # noqa: BLE001 - never let the loop die; report and go on
             log.exception("request loop step failed")
 
@@ -111,7 +111,7 @@ class RequestTask:
                 self.health.redis_ok()
             except (RedisError, OSError, asyncio.TimeoutError) as exc:
                 self.health.redis_failed()
-                log.warning("lease renewal: redis unavailable", extra={"error": repr(exc)})
+                log.warning("lease renewal: redis failed", extra={"error": describe_outage(exc)})
             except Exception:  # noqa: BLE001 - never let renewal die; report and go on
                 log.exception("lease renewal failed")
             try:

@@ -29,7 +29,7 @@ from .deadletters import DeadLetters
 from .failures import ClassifierFailures
 from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
 from .pipeline import Pipeline
-from .probes import Health, check_redis
+from .probes import READY_WINDOW_S, Health, check_redis
 from .request_task import RequestTask
 
 __all__ = ["GLOBAL_SERIES_OWNER", "LEASE_MS", "Service", "StartupError", "describe", "run", "tune_gc"]
@@ -104,13 +104,16 @@ class Service:
 
         `requests=False` leaves out the label-request loop (ingest only, as the benchmark runs)."""
         loops = [self.pipeline.consume_forever(), self.checkpoint.commit_forever(),
-                 self.health.probe_forever(self._probe_kafka, self.redis.ping, self.stopping)]
+                 self.health.probe_forever(self._probe_kafka, self._probe_redis, self.stopping)]
         if requests:
             loops.append(self.requests.requests_forever())
         return [asyncio.create_task(c) for c in loops]
 
     async def _probe_kafka(self) -> None:
         await self.kafka.producer.client.fetch_all_metadata()
+
+    async def _probe_redis(self) -> None:
+        await self.store.probe_write(self.settings.instance_id, int(1000 * READY_WINDOW_S))
 
     async def stop(self) -> None:
         """Release the leases (immediate takeover), leave the consumer group, close."""

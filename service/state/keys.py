@@ -186,6 +186,10 @@ class Keys:
     invalid = _global_key("invalid")
     labels_unknown = _global_key("labels_unknown")
 
+    def probe(self, instance: str) -> str:
+        """``<prefix>:{_global}:probe:<instance>``: the readiness probe's write (expires by itself)."""
+        return f"{self.global_stem}:probe:{instance}"
+
     def global_offsets(self, scope: str) -> str:
         return f"{self.global_stem}:offsets:{scope}"
 
