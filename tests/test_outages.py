@@ -130,3 +130,27 @@ async def test_a_full_redis_stalls_ingest_and_loses_nothing(kafka_bootstrap, uni
                 assert (doc["scores"], doc["population"]) == ((500, 500) if c == 0 else (200, 200)), (c, doc)
         await client.aclose()
 
+
+
+async def test_a_connection_torn_down_under_a_write_is_an_outage(redis_url):
+    """redis-py's asyncio connection written to after a concurrent teardown raises an
+    AttributeError from its transport, not a ConnectionError (redis/redis-py#4287; seen in CI as
+    ``'NoneType' object has no attribute 'writelines'`` while a cluster master was killed, which
+    ended the consume pipeline): `redis_outage` takes it for an outage, so the batch is retried;
+    the same error raised by our own code is not."""
+    from stratameter.app.failures import redis_outage
+
+    client = Redis.from_url(redis_url)
+    conn = await client.connection_pool.get_connection()
+    try:
+        await conn.connect()
+        conn._writer = None  # what a teardown leaves behind while the write is under way (CI's frame)
+        with pytest.raises(AttributeError) as leaked:
+            await conn._send_packed_command(conn.pack_command("PING"))
+        assert redis_outage(leaked.value)
+    finally:
+        await client.connection_pool.release(conn)
+        await client.aclose()
+    with pytest.raises(AttributeError) as ours:
+        None.writelines([])  # noqa: B018 - a bug of ours, not Redis failing
+    assert not redis_outage(ours.value)

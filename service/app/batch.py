@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from aiokafka import TopicPartition
-from redis.exceptions import RedisError
 
 from stratameter.schemas.messages import FOLDED_OUTCOMES, LABEL_OUTCOME_REJECTS
 from stratameter.schemas.parse import ScoreBatch, parse_labels, parse_scores
@@ -23,6 +22,7 @@ from ..labels.folder import LabelFolder
 from ..state.keys import UNKNOWN_LABELS_SCOPE
 from ..state.store import Store
 from .deadletters import DeadLetters
+from .failures import redis_outage
 from .records import KafkaRecord
 
 #: Dead-letter reasons of labels read but not folded (`LABEL_OUTCOME_REJECTS`): not invalid records.
@@ -128,8 +128,8 @@ class BatchHandler:
                     prepared = await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
                                                            batch.item_id, batch.score, batch.predicted_positive,
                                                            batch.event_time_ms, batch.context, reload_offsets=retry)
-            except (RedisError, OSError, asyncio.TimeoutError):
-                if retry:
+            except Exception as exc:
+                if retry or not redis_outage(exc):
                     raise
                 return None
         return StagedBatch(offsets, batch, rejects, prepared)

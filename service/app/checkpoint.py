@@ -7,11 +7,10 @@ import logging
 
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
-from redis.exceptions import RedisError
 
 from .batch import BatchHandler, StagedBatch
 from .consumer import KafkaClients
-from .failures import describe_outage
+from .failures import describe_outage, redis_outage
 from .probes import Health
 
 log = logging.getLogger("stratameter")
@@ -90,7 +89,9 @@ class Checkpoint:
                 await self.batches.apply(tp, records, staged)
                 self.health.redis_ok()
                 return True
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            except Exception as exc:
+                if not redis_outage(exc):
+                    raise
                 staged = None  # redone with offsets reloaded from Redis (see ScoreIngestor.prepare)
                 self.health.redis_failed()
                 log.warning("redis failed; retrying batch: %s", describe_outage(exc))

@@ -24,10 +24,31 @@ log = logging.getLogger("stratameter")
 #: Errors of Redis or Kafka themselves: every classifier would fail alike, so they end the pass
 #: or the scrape as before and are reported as outages, not counted against a classifier.
 OUTAGES = (RedisError, OSError, asyncio.TimeoutError, KafkaError)
+#: Redis's own failures: the batch in hand is retried (`checkpoint.Checkpoint`), as for `redis_outage`.
+REDIS_OUTAGES = (RedisError, OSError, asyncio.TimeoutError)
+#: Where redis-py's asyncio transport leaks a connection torn down under a write as an
+#: AttributeError or TypeError (`redis_outage`).
+_TRANSPORT_FILES = ("redis/asyncio/connection.py", "asyncio/streams.py", "asyncio/selector_events.py")
 #: Where a classifier's failure is confined: its request-loop step, its figures on /metrics.
 STAGES = ("request_loop", "metrics")
 #: A lasting failure is logged with its traceback at most this often per classifier and stage.
 LOG_EVERY_SECONDS = 60.0
+
+
+def redis_outage(exc: BaseException) -> bool:
+    """Whether `exc` is Redis failing, not the service: one of `REDIS_OUTAGES`, or redis-py's
+    asyncio connection written to after it was torn down (a cluster master killed mid-pipeline:
+    ``'NoneType' object has no attribute 'writelines'``; redis/redis-py#4287, unfixed in 8.1.0),
+    which it raises as an AttributeError or TypeError from its transport instead of a
+    ConnectionError.  Such an error from anywhere else is a bug and is not retried."""
+    if isinstance(exc, REDIS_OUTAGES):
+        return True
+    if not isinstance(exc, (AttributeError, TypeError)) or exc.__traceback__ is None:
+        return False
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(_TRANSPORT_FILES)
 
 
 def describe_outage(exc: BaseException) -> str:
