@@ -3,8 +3,8 @@
 aiokafka never raises while a broker is unreachable (it waits and retries), so
 readiness cannot be inferred from polling: both backends are probed.  The batch
 retries and the request loop also report Redis failures and successes here.
-The service probes Redis with a write: a Redis at its maxmemory answers PING but
-refuses every write, and the service cannot work then either.
+The service probes Redis with PING and a write: a Redis at its maxmemory answers
+PING but refuses every write, and the service cannot work then either.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Health:
 
     async def probe_forever(self, kafka: Callable[[], Awaitable], redis: Callable[[], Awaitable],
                             stopping: asyncio.Event) -> None:
-        """Probe Kafka (`kafka()`, a metadata request) and Redis (`redis()`: PING, or a write) every
+        """Probe Kafka (`kafka()`, a metadata request) and Redis (`redis()`: PING, the service's also a write) every
         `PROBE_INTERVAL_S` until `stopping` is set."""
         while not stopping.is_set():
             for probe, mark in ((kafka, "kafka_ok_at"), (redis, "redis_ok_at")):

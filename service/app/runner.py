@@ -113,6 +113,8 @@ class Service:
         await self.kafka.producer.client.fetch_all_metadata()
 
     async def _probe_redis(self) -> None:
+        """PING (every node of a cluster) and a write (a full Redis answers PING: `Store.probe_write`)."""
+        await self.redis.ping()
         await self.store.probe_write(self.settings.instance_id, int(1000 * READY_WINDOW_S))
 
     async def stop(self) -> None:
