@@ -21,11 +21,11 @@ from .consumer import describe
 
 log = logging.getLogger("stratameter")
 
-#: Errors of Redis or Kafka themselves: every classifier would fail alike, so they end the pass
-#: or the scrape as before and are reported as outages, not counted against a classifier.
-OUTAGES = (RedisError, OSError, asyncio.TimeoutError, KafkaError)
 #: Redis's own failures: the batch in hand is retried (`checkpoint.Checkpoint`), as for `redis_outage`.
 REDIS_OUTAGES = (RedisError, OSError, asyncio.TimeoutError)
+#: Errors of Redis or Kafka themselves: every classifier would fail alike, so they end the pass
+#: or the scrape as before and are reported as outages, not counted against a classifier.
+OUTAGES = REDIS_OUTAGES + (KafkaError,)
 #: Where redis-py's asyncio transport leaks a connection torn down under a write as an
 #: AttributeError or TypeError (`redis_outage`).
 _TRANSPORT_FILES = ("redis/asyncio/connection.py", "asyncio/streams.py", "asyncio/selector_events.py")

@@ -9,13 +9,12 @@ import asyncio
 import logging
 import time
 
-from redis.exceptions import RedisError
 
 from ..config import Settings
 from ..requests.loop import RequestLoop
 from ..state.store import Store
 from .consumer import KafkaClients
-from .failures import OUTAGES, ClassifierFailures, describe_outage
+from .failures import OUTAGES, REDIS_OUTAGES, ClassifierFailures, describe_outage
 from .ownership import LEASE_MS, Leases
 from .probes import Health
 
@@ -69,7 +68,7 @@ class RequestTask:
                 stepped += 1
             if stepped:
                 self.health.redis_ok()
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except REDIS_OUTAGES as exc:
             self.health.redis_failed()
             log.warning("request loop: redis failed", extra={"error": describe_outage(exc)})
         except Exception:  # noqa: BLE001 - never let the loop die; report and go on
@@ -109,7 +108,7 @@ class RequestTask:
                 self._republished &= self.leases.owned  # a lease lost and taken again: republish then
                 self.loop.forget_unowned(self.leases.owned)
                 self.health.redis_ok()
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            except REDIS_OUTAGES as exc:
                 self.health.redis_failed()
                 log.warning("lease renewal: redis failed", extra={"error": describe_outage(exc)})
             except Exception:  # noqa: BLE001 - never let renewal die; report and go on

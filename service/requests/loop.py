@@ -504,11 +504,11 @@ def _sampled_sides(sides: list[Side], cfg) -> list[Side]:
     positive to its 100th, on a slow stream all chunk long).  While the negatives' side is
     provisional, the positives' is sampled alone for precision if enabled (today's precision
     design).  Nothing while no side is final."""
-    if not any(sd.cs is not None and sd.cs.provisional for sd in sides):
+    if not any(sd.held for sd in sides):
         return sides
-    if not any(sd.cs is not None and not sd.cs.provisional for sd in sides):
+    if not any(sd.cs is not None and not sd.held for sd in sides):
         return []
     positives = sides[0]
-    if not positives.cs.provisional and "precision" in cfg.metrics.split(","):
+    if not positives.held and "precision" in cfg.metrics.split(","):
         return [positives]
     return sides
