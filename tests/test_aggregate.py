@@ -7,12 +7,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratameter.ingest.aggregate import (SAMPLE_CAP, ClassifierRecords, _COUNTER_OFFSET, _histogram_increments,
-                                          build_payload, distinct_chunks, member, members)
-from stratameter.state.records import BINS_ROTATION
+from stratameter.ingest.aggregate import (SAMPLE_CAP, ClassifierRecords, build_payload, distinct_chunks, member,
+                                          members)
 from stratameter.state.scripts import decode_ingest, encode_ingest
 from stratameter.state.store import ChunkCuts
-from stratameter.stats.sketch import BINS
 
 # item ids as the parser admits them: any text of 1-512 characters (no lone surrogates: not UTF-8)
 _ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40)
@@ -56,20 +54,17 @@ def test_members_of_ids_made_of_quotes_commas_and_backslashes(ids):
     assert members(ids, scores, [None] * len(ids)) == [member(i, s, None) for i, s in zip(ids, scores)]
 
 
-def test_histogram_increments_are_bitfield_arguments():
-    buckets, counts = np.array([0, 2047, 2048, BINS - 1]), np.array([3, 1, 7, 2])
-    out = _histogram_increments(buckets, counts)
-    assert out == ["INCRBY", "u32", f"#{BINS_ROTATION}", 3, "INCRBY", "u32", f"#{BINS - 1}", 1,
-                   "INCRBY", "u32", "#0", 7, "INCRBY", "u32", f"#{BINS_ROTATION - 1}", 2]
-    assert _COUNTER_OFFSET.size == BINS
-
-
 def test_ingest_payload_round_trips_exactly():
     payload = {"scores": 3, "now": 1_800_000_000_123, "last_event": -1, "res_size": 1024, "sample_cap": 4,
                "chunks": [{"t": "500000", "hist": ["INCRBY", "u32", "#2", 3], "N": [0, 2, 1, 1],
                            "res": [[0, [0.1234567890123456, member("i", 0.3, None)]]],
-                           "lo": 5e-324, "hi": 1e300, "lo_s": repr(5e-324), "hi_s": repr(1e300), "v": 2}]}
-    assert decode_ingest(encode_ingest(payload)) == payload
+                           "lo": 5e-324, "hi": 1e300, "lo_s": repr(5e-324), "hi_s": repr(1e300), "v": 2},
+                          {"t": "500001", "runs": [[8, b"\x00\xff", b"\x01\x00"], [4096, b"", b""],
+                                                   [12, b"\xfe" * 8, b"\xff" * 8]],
+                           "N": [0, 1], "res": [], "v": 0}]}
+    encoded = encode_ingest(payload)
+    assert decode_ingest(encoded) == payload
+    assert encoded.blob == b"\x00\xff\x01\x00" + b"\xfe" * 8 + b"\xff" * 8
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from stratameter.config import load_settings
 from stratameter.ingest.aggregate import build_payload, group_by_classifier, score_counts
-from stratameter.ingest.ingestor import RESTRATIFY_FIRST, STALE_CUTS, ScoreIngestor, provisional_cap
+from stratameter.ingest.ingestor import BINS_CHANGED, RESTRATIFY_FIRST, STALE_CUTS, ScoreIngestor, provisional_cap
 from stratameter.state.store import ChunkCuts, Store
 from stratameter.stats.sketch import ScoreHistogram
 from stratameter.stats.strata import assign, boundaries
@@ -87,8 +87,9 @@ class Feed:
 
 
 def _spy(store: Store) -> dict[str, list]:
-    """Record RESTRATIFY outcomes and INGEST cuts-guard refusals (chunk, reason) of `store`."""
-    seen: dict[str, list] = {"restratified": [], "refused": []}
+    """Record RESTRATIFY outcomes and INGEST's cuts-guard refusals (their reasons) of `store`; a
+    histogram guard's (BINS_CHANGED: two instances adding to one chunk, `ingest.bins`) apart."""
+    seen: dict[str, list] = {"restratified": [], "refused": [], "bins_changed": []}
     restratify, apply_ingest = store.restratify, store.apply_ingest
 
     async def spy_restratify(cid, t, version, cuts):
@@ -99,7 +100,8 @@ def _spy(store: Store) -> dict[str, list]:
     async def spy_apply(calls):
         out = await apply_ingest(calls)
         for _applied, _stored, _cutoffs, refused in out:
-            seen["refused"] += [reason for _t, reason in refused]
+            seen["refused"] += [reason for _t, reason in refused if reason != BINS_CHANGED]
+            seen["bins_changed"] += [t for t, reason in refused if reason == BINS_CHANGED]
         return out
 
     store.restratify, store.apply_ingest = spy_restratify, spy_apply
@@ -173,7 +175,7 @@ async def test_slow_stream_gets_its_strata_once_25k_items_arrived(settings, stor
                 assert cs.cuts.tolist() == boundaries(ScoreHistogram.from_scores(pos), K, "perc").tolist()
                 assert np.all(np.bincount(assign(pos, cs.cuts), minlength=K) >= 10)
     assert crossed is not None and int(feed.positive[:crossed - 3].sum()) < CAP <= int(feed.positive[:crossed].sum())
-    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST]}
+    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST], "bins_changed": []}
     cuts = await _check_exact(store, feed.cid, feed.scores[feed.positive], 240)
     res = await store.reservoirs(feed.cid, (await _chunk(store, feed.cid)).chunk, K)
     assert sum(len(r) for r in res) == int(feed.positive.sum()) - 1  # every distinct item kept (one repeat)
@@ -200,7 +202,7 @@ async def test_a_replica_with_stale_cuts_reloads_them(settings, store):
     assert not (await _chunk(store, feed.cid)).provisional
     # b's payload was built with the provisional cuts: refused, re-aggregated with the new ones
     assert await b.submit(ahead) == 3
-    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST, STALE_CUTS]}
+    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST, STALE_CUTS], "bins_changed": []}
     idx = np.concatenate([np.arange(120), np.arange(300, 306)])
     await _check_exact(store, feed.cid, feed.scores[idx], idx.size)
 

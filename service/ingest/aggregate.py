@@ -3,7 +3,7 @@ deltas: one payload per classifier for the INGEST script, so Redis is touched
 once per classifier per batch, never per record.
 
 Pure numpy; no I/O.  Each payload carries, per event-time chunk: the score
-histogram increments (the sketch later chunks' boundaries come from), the
+histogram's change (the sketch later chunks' boundaries come from; `bins`), the
 predicted-positive count per stratum, and the reservoir candidates (the
 bottom-k priorities of the batch per stratum; Redis keeps the global
 bottom-k, which is a uniform sample of the stratum whatever the batching or
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from ..state.records import BINS_ROTATION
 from ..stats.sketch import BINS, bin_index
+from .bins import histogram_increments
 
 #: A reservoir keeps its RESERVOIR_SIZE lowest priorities and, beyond them, every member at
 #: or below its stratum's inclusion threshold (the threshold sample, `stats.streams`), up to
@@ -97,24 +97,6 @@ def _pairs(keys: np.ndarray, counts: np.ndarray) -> list[int]:
     out = np.empty(2 * keys.size, dtype=np.int64)
     out[0::2], out[1::2] = keys, counts
     return out.tolist()
-
-
-#: BITFIELD's offset of each histogram bucket's 32-bit counter (``#p``: the p-th u32), made once:
-#: the grid rotated by half (`state.records.BINS_ROTATION`), so that the string of probabilities
-#: (buckets from 2048 up) starts at its first byte (an object array: indexing it with the buckets
-#: takes a third of the time of a list comprehension).
-_COUNTER_OFFSET = np.array([f"#{(b + BINS_ROTATION) % BINS}" for b in range(BINS)], dtype=object)
-
-
-def _histogram_increments(buckets: np.ndarray, counts: np.ndarray) -> list:
-    """Flat ``["INCRBY", "u32", "#bucket", count, ...]``: INGEST's BITFIELD arguments for the
-    ``bins`` counters (`state.keys`), ready to pass on (the script builds no table per bucket)."""
-    out: list = [None] * (4 * buckets.size)
-    out[0::4] = ["INCRBY"] * buckets.size
-    out[1::4] = ["u32"] * buckets.size
-    out[2::4] = _COUNTER_OFFSET[buckets].tolist()
-    out[3::4] = counts.tolist()
-    return out
 
 
 def member(item_id: str, score: float, context: str | bytes | None) -> str:
@@ -226,7 +208,7 @@ def _reservoir_candidates(recs: ClassifierRecords, sel: np.ndarray, stratum: np.
 
 
 def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservoir_size: int,
-                  now_ms: int, rng: np.random.Generator, cutoffs_for=None, cap: int = 0) -> dict:
+                  now_ms: int, rng: np.random.Generator, cutoffs_for=None, cap: int = 0, bins_for=None) -> dict:
     """The INGEST payload of one classifier's records (see state.scripts.INGEST).
 
     `cuts_for(chunk)` returns the chunk's stored strata boundaries: an object with
@@ -237,6 +219,9 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
     reservoir (INGEST: the larger of its largest priority and the stratum's threshold;
     inf where unknown): candidates above it could never enter, so they are not sent
     (once the reservoirs are full, almost none are).
+    `bins_for(chunk)`, if given, returns the ingestor's copy of the chunk's histogram counters
+    (`bins.ChunkBins`), which the batch is added to and written from (runs of counters);
+    without it the histogram goes as increments.
     """
     chunks = chunk_of(recs.event_ms, chunk_seconds)
     priority = rng.random(recs.size)
@@ -253,11 +238,12 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
         cut = cutoffs_for(t) if cutoffs_for is not None else None
         lo, hi = float(s.min()), float(s.max())
         entry = {
-            "t": str(t), "hist": _histogram_increments(buckets, per_bucket[buckets]),
-            "N": _pairs(strata, per_stratum[strata]),
+            "t": str(t), "N": _pairs(strata, per_stratum[strata]),
             "res": _reservoir_candidates(recs, sel, stratum, priority, cut, reservoir_size),
             "lo": lo, "hi": hi, "lo_s": repr(lo), "hi_s": repr(hi), "v": int(strata_t.version),
         }
+        entry.update(bins_for(t).add(buckets, per_bucket[buckets]) if bins_for is not None
+                     else {"hist": histogram_increments(buckets, per_bucket[buckets])})
         if strata_t.provisional:
             entry.update(cap=int(cap), n=int(sel.size), ps=score_counts(s))
         out_chunks.append(entry)

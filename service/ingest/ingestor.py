@@ -41,12 +41,14 @@ from ..state.keys import ingest_chunks, negatives_of, owner_of
 from ..state.scripts import encode_ingest
 from ..state.store import ChunkCuts, Store
 from .aggregate import ClassifierRecords, build_payload, chunk_of, distinct_chunks, group_by_classifier
+from .bins import ChunkBins
 
 
 #: Predicted positives per stratum the opening batch needs to set a chunk's boundaries alone.
 OPENING_ITEMS_PER_STRATUM = 25
-#: INGEST refusal reasons (see scripts.INGEST): stale cuts; the provisional chunk needs RESTRATIFY.
-STALE_CUTS, RESTRATIFY_FIRST = 1, 2
+#: INGEST refusal reasons (see scripts.INGEST): stale cuts; the provisional chunk needs RESTRATIFY;
+#: the chunk's histogram is not what this instance's copy of it said (`bins`).
+STALE_CUTS, RESTRATIFY_FIRST, BINS_CHANGED = 1, 2, 3
 
 
 def provisional_cap(strata: int, reservoir_size: int) -> int:
@@ -94,16 +96,20 @@ class ScoreIngestor:
         # largest priority kept and the stratum's threshold; inf: not full or not known).
         # Only ever decreases, so a stale value is merely less selective.
         self._cutoffs: dict[tuple[str, int], np.ndarray] = {}
+        # (cid, chunk) -> this instance's copy of its histogram counters, updated as each call is
+        # prepared (so ahead of Redis while calls are in flight); dropped where a call was refused,
+        # and INGEST refuses a call made from a copy that does not match (BINS_CHANGED)
+        self._bins: dict[tuple[str, int], ChunkBins] = {}
         self._oldest_open = -1  # chunks before it have closed: `forget_closed_chunks`
 
     def forget_closed_chunks(self, oldest_open: int) -> None:
-        """Drop the cached cuts and cutoffs of the chunks before `oldest_open`: closed, no score
-        reaches them any more (so the caches hold the open chunks' entries, not one per
+        """Drop the cached cuts, cutoffs and histograms of the chunks before `oldest_open`: closed,
+        no score reaches them any more (so the caches hold the open chunks' entries, not one per
         classifier and chunk for good).  Scans the caches once per new chunk."""
         if oldest_open <= self._oldest_open:
             return
         self._oldest_open = oldest_open
-        for key in [k for k in self._cuts if k[1] < oldest_open] + [k for k in self._cutoffs if k[1] < oldest_open]:
+        for key in {k for cache in (self._cuts, self._cutoffs, self._bins) for k in cache if k[1] < oldest_open}:
             self._forget_chunk(*key)
 
     def forget_partition(self, partition: int) -> None:
@@ -138,6 +144,8 @@ class ScoreIngestor:
         overlapping.  (So a batch may be prepared between another's refusal and its redo:
         `submit` redoes from the offsets the refusals report, never from the cache.)"""
         await asyncio.sleep(0)
+        if reload_offsets:  # the failed calls may or may not have applied what the copies hold
+            self._bins.clear()
         groups = group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts)
         groups += [g.negatives(negatives_of(g.classifier_id)) for g in groups
                    if self.settings.samples_negatives(g.classifier_id)]
@@ -158,8 +166,11 @@ class ScoreIngestor:
                     self._offsets[key] = max(self._offsets.get(key, -1), stored)
                 else:  # another writer moved the offset (or a prediction was wrong): start from it
                     self._offsets[key] = stored
-                    for t, reason in refused:  # or the cuts guard: reload them, re-stratify first
-                        self._forget_chunk(r.classifier_id, t)
+                    for t, _ in call[5]:  # the copies hold this call's counts, never applied
+                        self._bins.pop((r.classifier_id, int(t)), None)
+                    for t, reason in refused:  # or a chunk guard: reload its cuts, re-stratify first
+                        if reason != BINS_CHANGED:
+                            self._forget_chunk(r.classifier_id, t)
                         if reason == RESTRATIFY_FIRST:
                             restratify.append((r, t))
                     todo.append(r)
@@ -194,6 +205,7 @@ class ScoreIngestor:
         if not fresh:
             return []
         cuts = await self._ensure_chunks(fresh)
+        bins = await self._ensure_bins(list(cuts))
         now_ms = int(time.time() * 1000)
         calls = []
         for r in fresh:
@@ -201,7 +213,7 @@ class ScoreIngestor:
             cfg = self.settings.for_classifier(cid)
             payload = build_payload(r, cfg.chunk_seconds, lambda t, c=cid: cuts[(c, t)],
                                     cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)),
-                                    provisional_cap(cfg.strata, cfg.reservoir_size))
+                                    provisional_cap(cfg.strata, cfg.reservoir_size), lambda t, c=cid: bins[(c, t)])
             new = int(r.offsets[-1])
             calls.append((r, (cid, partition, expected[cid], new, encode_ingest(payload), ingest_chunks(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
@@ -220,9 +232,18 @@ class ScoreIngestor:
                 cut[k] = min(cut[k], cutoff)
 
     def _forget_chunk(self, cid: str, t: int) -> None:
-        """Drop a chunk's cached cuts (and reservoir cutoffs): they are reloaded when next needed."""
-        self._cuts.pop((cid, t), None)
-        self._cutoffs.pop((cid, t), None)
+        """Drop a chunk's cached cuts, reservoir cutoffs and histogram: reloaded when next needed."""
+        for cache in (self._cuts, self._cutoffs, self._bins):
+            cache.pop((cid, t), None)
+
+    async def _ensure_bins(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], ChunkBins]:
+        """This instance's copy of each chunk's histogram counters, read from Redis where it has
+        none (a chunk opened, a call refused); returned as a snapshot, like `_ensure_chunks`."""
+        need = [k for k in keys if k not in self._bins]
+        if need:
+            for key, packed in (await self.store.chunk_bins(need)).items():
+                self._bins.setdefault(key, ChunkBins(packed))
+        return {k: self._bins[k] for k in keys}
 
     async def _restratify(self, r: ClassifierRecords, t: int) -> None:
         """Give provisional chunk `t` its strata: cuts from its histogram plus this batch's

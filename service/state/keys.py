@@ -20,7 +20,8 @@ Per classifier ``<prefix>:{cid}:...``
                              the inclusion threshold of the last requests, ISSUE)
   c:<t>:bins          string the score histogram of the predicted positives (the sketch):
                              `stats.sketch.BINS` unsigned 32-bit big-endian counters, bucket b at
-                             byte 4 ((b + 2048) mod 4096) (INGEST's BITFIELD INCRBY, saturating)
+                             byte 4 ((b + 2048) mod 4096), saturating (INGEST: runs of counters
+                             by GETRANGE/SETRANGE, else BITFIELD INCRBY; `ingest.bins`)
   c:<t>:hist          hash   score bucket -> predicted positives: the histogram as versions before
                              `bins` kept it; read (added to `bins`) and deleted, never written
   c:<t>:N             hash   stratum -> predicted positives

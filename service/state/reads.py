@@ -67,6 +67,14 @@ class Reads:
         packed, legacy, raw = await pipe.execute()
         return histogram_counts(packed, legacy), labelled_records(raw)
 
+    async def chunk_bins(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], bytes | None]:
+        """The ``bins`` string of each (cid, chunk) as stored (None: none yet), for the ingestor's
+        copy of the counters (`ingest.bins`)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for cid, t in pairs:
+            pipe.get(self.keys.chunk_bins(cid, t))
+        return dict(zip(pairs, await pipe.execute()))
+
     def _queue_histogram(self, pipe, cid: str, t: int) -> None:
         """The two reads `records.histogram_counts` takes, in its order."""
         pipe.get(self.keys.chunk_bins(cid, t))

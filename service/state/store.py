@@ -115,13 +115,15 @@ class Store(Reads, ScriptCalls):
         """INGEST for (cid, partition, expected_offset, new_offset, payload[, chunks]) in one pipeline;
         `chunks` (`keys.ingest_chunks`, else read from the payload) name the KEYS.  Returns
         (applied, stored_offset, cutoffs, refused) per call: not applied, another writer moved the
-        offset or, if `refused` lists (chunk, reason), the cuts guard refused (1: stale cuts; 2:
-        re-stratify the provisional chunk first); the caller re-aggregates from `stored_offset`.
+        offset or, if `refused` lists (chunk, reason), a chunk's guard refused (1: stale cuts; 2:
+        re-stratify the provisional chunk first; 3: its histogram is not what the payload's runs
+        expect, `ingest.bins`); the caller re-aggregates from `stored_offset`.  `payload`:
+        `scripts.encode_ingest`'s.
         `cutoffs`: (chunk, stratum, largest priority kept) of the full reservoirs touched."""
         if not calls:
             return []
         ingests = [(self.keys.ingest_keys(cid, hint[0] if hint else ingest_chunks(decode_ingest(payload))),
-                    [part, expected, new, payload]) for cid, part, expected, new, payload, *hint in calls]
+                    [part, expected, new, *payload]) for cid, part, expected, new, payload, *hint in calls]
         owners = {owner_of(c[0])[0] for c in calls}  # a classifier's predicted negatives are not a classifier
         due = self._unregistered(owners)
         res = await self._each("INGEST", ingests, (lambda pipe: pipe.sadd(self.keys.classifiers, *due)) if due else None)

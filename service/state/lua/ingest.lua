@@ -2,8 +2,10 @@
 -- KEYS: offsets:scores, meta, chunks, then for every chunk of the payload, in its order:
 --   c:<t>:meta, c:<t>:bins, c:<t>:N, c:<t>:pscores, and c:<t>:res:<k> for each entry of its `res`.
 -- ARGV: partition, expected stored offset, new offset, payload (ingest.aggregate.build_payload as
--- msgpack, state.scripts.encode_ingest; a chunk's `hist` is flat ["INCRBY", "u32", "#bucket", count,
--- ...]: BITFIELD's arguments on c:<t>:bins).
+-- msgpack, state.scripts.encode_ingest), blob (the bytes its `runs` locate).  A chunk's histogram
+-- change (ingest.bins) is either `hist`, flat ["INCRBY", "u32", "#bucket", count, ...]: BITFIELD's
+-- arguments on c:<t>:bins, or `runs`, flat [byte offset, at, length, ...]: at that offset of
+-- c:<t>:bins the `length` bytes at `at` of the blob must be found and the next `length` are written.
 -- Offset guard (compare-and-set): nothing is applied unless the partition's stored offset is the
 -- expected one; then the state changes and the offset advances in this one call.
 -- A reservoir keeps its `res_size` lowest priorities and, beyond them, every member at or
@@ -14,11 +16,12 @@
 -- and the threshold}.  A candidate above it can never enter, and the cutoff only ever
 -- decreases (the loop never raises a full reservoir's threshold past its largest priority),
 -- so the ingestor may drop later candidates above it.
--- Cuts guard (like the offset guard, nothing is applied when it refuses): every chunk of the
+-- Chunk guards (like the offset guard, nothing is applied when one refuses): every chunk of the
 -- payload carries the cuts version `v` it was aggregated with; a provisional chunk's also
 -- `cap`, `n` (its predicted positives in the payload) and `ps` (score -> count).  Refused:
--- {0, stored offset, then per refused chunk: chunk, 1 (stale cuts: reload them) or 2 (the
--- provisional chunk would reach `cap` items: RESTRATIFY it first)}.
+-- {0, stored offset, then per refused chunk: chunk, 1 (stale cuts: reload them), 2 (the
+-- provisional chunk would reach `cap` items: RESTRATIFY it first) or 3 (its histogram's counters
+-- under `runs` are not the old bytes: read them again)}.
 local okey, meta, chunks = KEYS[1], KEYS[2], KEYS[3]
 local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
 if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
@@ -30,19 +33,29 @@ for i, c in ipairs(p.chunks) do
   at = at + 4 + #c.res
 end
 if at ~= #KEYS + 1 then return redis.error_reply('INGEST: KEYS do not match the payload') end
+local blob = ARGV[5] or ''
+local function runs_unchanged(bins, runs)  -- a counter past the string's end reads as zero
+  for j = 1, #runs, 3 do
+    local offset, at, n = runs[j], runs[j + 1], runs[j + 2]
+    local cur, old = redis.call('GETRANGE', bins, offset, offset + n - 1), string.sub(blob, at, at + n - 1)
+    if cur ~= string.sub(old, 1, #cur) or string.find(old, '[^%z]', #cur + 1) then return false end
+  end
+  return true
+end
 local refused, prov = {0, stored}, {}
 for i, c in ipairs(p.chunks) do
   local f = redis.call('HMGET', KEYS[base[i]], 'cuts_version', 'provisional')
   if tonumber(f[1] or '0') ~= (c.v or 0) then
     refused[#refused + 1] = c.t
     refused[#refused + 1] = 1
-  elseif f[2] == '1' then
-    prov[i] = true
-    if not c.cap or tonumber(redis.call('HGET', KEYS[base[i] + 2], '0') or '0') + c.n >= c.cap then
-      refused[#refused + 1] = c.t
-      refused[#refused + 1] = 2
-    end
+  elseif f[2] == '1' and (not c.cap or tonumber(redis.call('HGET', KEYS[base[i] + 2], '0') or '0') + c.n >= c.cap) then
+    refused[#refused + 1] = c.t
+    refused[#refused + 1] = 2
+  elseif c.runs and not runs_unchanged(KEYS[base[i] + 1], c.runs) then
+    refused[#refused + 1] = c.t
+    refused[#refused + 1] = 3
   end
+  prov[i] = f[2] == '1'
 end
 if #refused > 2 then return refused end
 redis.call('HSET', okey, ARGV[1], ARGV[3])
@@ -61,10 +74,16 @@ for i, c in ipairs(p.chunks) do
       redis.call('HSET', cmeta, 'last_ms', p.now)
     end
   end
-  -- the histogram: one BITFIELD per 1000 buckets (measured: a HINCRBY per bucket cost a third of
-  -- this script's time with predicted negatives; LUAI_MAXCSTACK bounds what `unpack` may spread)
-  for a = 1, #c.hist, 4000 do
+  -- the histogram: increments, one BITFIELD per 1000 buckets (measured: a HINCRBY per bucket cost a
+  -- third of this script's time with predicted negatives; LUAI_MAXCSTACK bounds what `unpack` may
+  -- spread), or the runs' new bytes, checked above (ingest.bins: cheaper still)
+  for a = 1, #(c.hist or {}), 4000 do
     redis.call('BITFIELD', bins, 'OVERFLOW', 'SAT', unpack(c.hist, a, math.min(a + 3999, #c.hist)))
+  end
+  -- the highest run first, so a string grows once: Redis gives a growing string twice its length
+  for j = #(c.runs or {}) - 2, 1, -3 do
+    local offset, at, n = c.runs[j], c.runs[j + 1], c.runs[j + 2]
+    redis.call('SETRANGE', bins, offset, string.sub(blob, at + n, at + 2 * n - 1))
   end
   for j = 1, #c.N, 2 do redis.call('HINCRBY', nkey, c.N[j], c.N[j + 1]) end
   if prov[i] and c.ps then  -- exact scores of a provisional chunk, for RESTRATIFY
