@@ -43,9 +43,16 @@ def test_counter_runs_split_where_the_gap_is_wider_than_run_gap():
 
 def test_a_dense_batch_is_one_run_of_old_and_new_bytes():
     copy = ChunkBins(_counters(2))  # counter 0 (bucket 2048, score 0) holds 2; the string ends there
-    out = copy.add(np.array([2048, 2049, 2050, 2052]), np.array([3, 1, 1, 2]))
-    assert out == {"runs": [[0, _counters(2, 0, 0, 0, 0), _counters(5, 1, 1, 0, 2)]]}
-    assert copy.counts.tolist() == [5, 1, 1, 0, 2]
+    out = copy.add(np.array([2048, 2049, 2050, 2052, 2053, 2054, 2055, 2056]), np.array([3, 1, 1, 2, 1, 1, 1, 1]))
+    assert out == {"runs": [[0, _counters(2, 0, 0, 0, 0, 0, 0, 0, 0), _counters(5, 1, 1, 0, 2, 1, 1, 1, 1)]]}
+    assert copy.counts.tolist() == [5, 1, 1, 0, 2, 1, 1, 1, 1]
+
+
+def test_a_few_counters_go_as_increments():
+    copy = ChunkBins()
+    out = copy.add(np.arange(2048, 2055), np.ones(7, int))  # 7 < 2 x MIN_TOUCHED_PER_RUN
+    assert out == {"hist": histogram_increments(np.arange(2048, 2055), np.ones(7, int))}
+    assert copy.counts.tolist() == [1] * 7
 
 
 def test_scattered_counters_go_as_increments_and_the_copy_follows():
@@ -58,9 +65,9 @@ def test_scattered_counters_go_as_increments_and_the_copy_follows():
 
 
 def test_a_counter_saturates_as_bitfield_overflow_sat_does():
-    copy = ChunkBins(_counters(COUNTER_MAX - 1, 7, 7, 7))
-    out = copy.add(np.array([2048, 2049, 2050, 2051]), np.array([5, 1, 1, 1]))
-    assert out["runs"][0][2] == _counters(COUNTER_MAX, 8, 8, 8)
+    copy = ChunkBins(_counters(COUNTER_MAX - 1, *[7] * 7))
+    out = copy.add(np.arange(2048, 2056), np.array([5] + [1] * 7))
+    assert out["runs"][0][2] == _counters(COUNTER_MAX, *[8] * 7)
 
 
 def _apply_like_ingest(stored: bytearray, out: dict) -> bool:
@@ -102,9 +109,9 @@ def test_redis_holds_exactly_the_counts_whatever_the_batches(batches, start):
 
 
 def test_a_copy_behind_the_stored_string_is_refused():
-    stored = bytearray(_counters(1, 1, 1, 1))
-    behind = ChunkBins(_counters(1, 1, 0, 1))  # read before another writer added to counter 2
-    assert not _apply_like_ingest(stored, behind.add(np.arange(2048, 2052), np.ones(4, int)))
+    stored = bytearray(_counters(*[1] * 8))
+    behind = ChunkBins(_counters(1, 1, 0, *[1] * 5))  # read before another writer added to counter 2
+    assert not _apply_like_ingest(stored, behind.add(np.arange(2048, 2056), np.ones(8, int)))
 
 
 # ------------------------------------------------------------------ against a real Redis

@@ -50,13 +50,17 @@ def histogram_increments(buckets: np.ndarray, counts: np.ndarray) -> list:
     return out
 
 
-def counter_runs(positions: np.ndarray) -> list[tuple[int, int]]:
-    """(first, last) of each run of the increasing counter `positions` in which no two
-    consecutive ones are more than `RUN_GAP` apart."""
-    breaks = np.flatnonzero(np.diff(positions) > RUN_GAP)
-    firsts = np.concatenate(([positions[0]], positions[breaks + 1]))
-    lasts = np.concatenate((positions[breaks], [positions[-1]]))
-    return list(zip(firsts.tolist(), lasts.tolist()))
+def run_breaks(positions: np.ndarray) -> np.ndarray:
+    """Where a run of the increasing counter `positions` ends: the indices after which the next
+    position is more than `RUN_GAP` on."""
+    return np.flatnonzero(np.diff(positions) > RUN_GAP)
+
+
+def counter_runs(positions: np.ndarray, breaks: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """(first, last) of each run of the increasing counter `positions` (`run_breaks`)."""
+    at = positions.tolist()
+    ends = (run_breaks(positions) if breaks is None else breaks).tolist()
+    return [(at[a], at[b]) for a, b in zip([0] + [e + 1 for e in ends], ends + [len(at) - 1])]
 
 
 class ChunkBins:
@@ -71,20 +75,33 @@ class ChunkBins:
     def add(self, buckets: np.ndarray, counts: np.ndarray) -> dict:
         """Add `counts` to the counters of `buckets` (distinct, increasing) and return INGEST's
         payload field that does the same in Redis: ``{"runs": [[byte offset, old, new], ...]}``
-        (the runs' bytes before and after) or, for scattered counters, ``{"hist":
-        histogram_increments(...)}``."""
-        if not buckets.size:
-            return {"hist": []}
-        positions = (buckets + BINS_ROTATION) % BINS
-        order = np.argsort(positions, kind="stable")
-        at = positions[order]
-        if at[-1] >= self.counts.size:
-            self.counts = np.concatenate((self.counts, np.zeros(at[-1] + 1 - self.counts.size, np.uint32)))
-        runs = counter_runs(at)
-        scattered = len(runs) * MIN_TOUCHED_PER_RUN > at.size
-        old = [] if scattered else [self.counts[a:b + 1].astype(">u4").tobytes() for a, b in runs]
-        self.counts[positions] = np.minimum(self.counts[positions] + counts.astype(np.uint64), COUNTER_MAX)
+        (the runs' bytes before and after) or, for few or scattered counters, ``{"hist":
+        histogram_increments(...)}``.  (Short of numpy calls: a batch of a few records is the
+        common call when many classifiers share a partition.)"""
+        if buckets.size < 2 * MIN_TOUCHED_PER_RUN:  # too few for a run: one at a time is quicker
+            self._add_each(buckets.tolist(), counts.tolist())
+            return {"hist": histogram_increments(buckets, counts)}
+        positions = (buckets + BINS_ROTATION) & (BINS - 1)
+        wraps = buckets[0] < BINS - BINS_ROTATION <= buckets[-1]
+        at = np.sort(positions) if wraps else positions
+        highest = int(at[-1])
+        if highest >= self.counts.size:
+            self.counts = np.concatenate((self.counts, np.zeros(highest + 1 - self.counts.size, np.uint32)))
+        breaks = run_breaks(at)
+        scattered = (breaks.size + 1) * MIN_TOUCHED_PER_RUN > at.size
+        runs = [] if scattered else counter_runs(at, breaks)
+        old = [self.counts[a:b + 1].astype(">u4").tobytes() for a, b in runs]
+        added = self.counts[positions] + counts.astype(np.uint64)
+        self.counts[positions] = np.minimum(added, COUNTER_MAX) if added.max() > COUNTER_MAX else added
         if scattered:
             return {"hist": histogram_increments(buckets, counts)}
         return {"runs": [[4 * a, before, self.counts[a:b + 1].astype(">u4").tobytes()]
                          for (a, b), before in zip(runs, old)]}
+
+    def _add_each(self, buckets: list[int], counts: list[int]) -> None:
+        positions = [(b + BINS_ROTATION) & (BINS - 1) for b in buckets]
+        if positions and max(positions) >= self.counts.size:
+            self.counts = np.concatenate((self.counts, np.zeros(max(positions) + 1 - self.counts.size, np.uint32)))
+        mine = self.counts
+        for p, c in zip(positions, counts):
+            mine[p] = min(int(mine[p]) + c, COUNTER_MAX)
