@@ -157,3 +157,33 @@ async def test_a_connection_torn_down_under_a_write_is_an_outage(redis_url):
     with pytest.raises(AttributeError) as ours:
         None.writelines([])  # noqa: B018 - a bug of ours, not Redis failing
     assert not redis_outage(ours.value)
+
+
+async def test_the_label_studio_bridge_probes_redis_with_a_write(unique_name):
+    """The bridge's readiness probe is the service's (`probe_redis`): a full Redis answers PING,
+    but the bridge could record neither claims nor tasks, so its probe fails (it PINGed only,
+    and stayed ready)."""
+    from redis.exceptions import OutOfMemoryError
+
+    from stratameter.bridge.bridge import Bridge
+    from stratameter.config import load_settings
+
+    with EmbeddedRedis() as redis:
+        bridge = Bridge(load_settings({"STRATAMETER_REDIS_URL": redis.url, "STRATAMETER_LABEL_STUDIO_TOKEN": "t0k3n",
+                                       "STRATAMETER_REDIS_KEY_PREFIX": unique_name("br"),
+                                       "STRATAMETER_INSTANCE_ID": unique_name("bridge")}))
+        client = Redis.from_url(redis.url)
+        try:
+            await bridge._probe_redis()
+            assert await client.exists(bridge.keys.probe(bridge.settings.instance_id))
+            used = (await client.info("memory"))["used_memory"]
+            await client.config_set("maxmemory", str(used - 300_000))
+            assert await bridge.redis.ping()
+            with pytest.raises(OutOfMemoryError):
+                await bridge._probe_redis()
+            await client.config_set("maxmemory", "0")
+            await bridge._probe_redis()
+        finally:
+            await client.aclose()
+            await bridge.redis.aclose()
+            await bridge.ls.aclose()

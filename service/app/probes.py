@@ -3,8 +3,9 @@
 aiokafka never raises while a broker is unreachable (it waits and retries), so
 readiness cannot be inferred from polling: both backends are probed.  The batch
 retries and the request loop also report Redis failures and successes here.
-The service probes Redis with PING and a write: a Redis at its maxmemory answers
-PING but refuses every write, and the service cannot work then either.
+The service and the Label Studio bridge probe Redis with PING and a write
+(`probe_redis`): a Redis at its maxmemory answers PING but refuses every write,
+and neither can work then.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError
 
 from ..config import Settings, mask_url
+from ..state.keys import Keys
 from .consumer import StartupError, describe
 from .failures import describe_outage
 
@@ -48,7 +50,7 @@ class Health:
 
     async def probe_forever(self, kafka: Callable[[], Awaitable], redis: Callable[[], Awaitable],
                             stopping: asyncio.Event) -> None:
-        """Probe Kafka (`kafka()`, a metadata request) and Redis (`redis()`: PING, the service's also a write) every
+        """Probe Kafka (`kafka()`, a metadata request) and Redis (`redis()`: `probe_redis`) every
         `PROBE_INTERVAL_S` until `stopping` is set."""
         while not stopping.is_set():
             for probe, mark in ((kafka, "kafka_ok_at"), (redis, "redis_ok_at")):
@@ -61,6 +63,15 @@ class Health:
                 await asyncio.wait_for(stopping.wait(), PROBE_INTERVAL_S)
             except asyncio.TimeoutError:
                 pass
+
+
+async def probe_redis(redis: Redis, keys: Keys, instance: str) -> None:
+    """PING (every node of a cluster, so a killed master keeps readiness at 503 instead of
+    flapping as the write below lands on a live one) and a write Redis must accept: refused while
+    it is at its maxmemory (it still answers PING) or a read-only replica (``Keys.probe``, expiring
+    after `READY_WINDOW_S`)."""
+    await redis.ping()
+    await redis.set(keys.probe(instance), b"1", px=int(1000 * READY_WINDOW_S))
 
 
 async def check_redis(redis: Redis, settings: Settings) -> None:

@@ -29,7 +29,7 @@ from .deadletters import DeadLetters
 from .failures import ClassifierFailures
 from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
 from .pipeline import Pipeline
-from .probes import READY_WINDOW_S, Health, check_redis
+from .probes import Health, check_redis, probe_redis
 from .request_task import RequestTask
 
 __all__ = ["GLOBAL_SERIES_OWNER", "LEASE_MS", "Service", "StartupError", "describe", "run", "tune_gc"]
@@ -113,9 +113,7 @@ class Service:
         await self.kafka.producer.client.fetch_all_metadata()
 
     async def _probe_redis(self) -> None:
-        """PING (every node of a cluster) and a write (a full Redis answers PING: `Store.probe_write`)."""
-        await self.redis.ping()
-        await self.store.probe_write(self.settings.instance_id, int(1000 * READY_WINDOW_S))
+        await probe_redis(self.redis, self.store.keys, self.settings.instance_id)
 
     async def stop(self) -> None:
         """Release the leases (immediate takeover), leave the consumer group, close."""

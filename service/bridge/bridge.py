@@ -39,7 +39,7 @@ from stratameter.schemas.parse import decode_label_request, label_record_bytes
 from stratameter.schemas.times import format_time, rfc3339_to_ms
 
 from ..app.consumer import StartupError, describe, kafka_startup_error, stop_clients
-from ..app.probes import PROBE_INTERVAL_S, READY_WINDOW_S, Health, check_redis
+from ..app.probes import PROBE_INTERVAL_S, READY_WINDOW_S, Health, check_redis, probe_redis
 from ..config import ConfigError, Settings, env_var
 from ..state.client import connect
 from ..state.keys import Keys
@@ -125,7 +125,7 @@ class Bridge:
 
     def spawn(self) -> list[asyncio.Task]:
         loops = [self.consume_forever(), self.poll_forever(),
-                 self.health.probe_forever(self._probe_kafka, self.redis.ping, self.stopping),
+                 self.health.probe_forever(self._probe_kafka, self._probe_redis, self.stopping),
                  self._probe_label_studio_forever()]
         loops += [self._webhook_worker() for _ in range(WEBHOOK_WORKERS)]
         return [asyncio.create_task(c) for c in loops]
@@ -226,6 +226,10 @@ class Bridge:
 
     async def _probe_kafka(self) -> None:
         await self.producer.client.fetch_all_metadata()
+
+    async def _probe_redis(self) -> None:
+        """As the service's: a full Redis answers PING but refuses the claims and tasks' writes."""
+        await probe_redis(self.redis, self.keys, self.settings.instance_id)
 
     async def _probe_label_studio_forever(self) -> None:
         while not self.stopping.is_set():

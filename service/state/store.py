@@ -224,11 +224,6 @@ class Store(Reads, ScriptCalls):
         *_, live = await pipe.execute()
         return sorted(m.decode() for m in live)
 
-    async def probe_write(self, instance: str, ttl_ms: int) -> None:
-        """A write Redis must accept (readiness): refused while Redis is at its maxmemory (it still
-        answers PING) or is a read-only replica."""
-        await self.redis.set(self.keys.probe(instance), b"1", px=ttl_ms)
-
     async def leave(self, instance: str) -> None:
         await self.redis.zrem(self.keys.instances, instance)
 
