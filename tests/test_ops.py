@@ -369,6 +369,33 @@ def test_promtool_unit_tests_classifier_failures(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_promtool_unit_tests_redis_failing(tmp_path):
+    """The alert fires per operation and cause whose Redis failures keep coming (a full Redis
+    refusing the ingest), not for a blip long ago nor a counter that never moved."""
+    promtool = _need("promtool", PROMTOOL_HOW)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render({"prometheusRule": {"enabled": True}}))))
+    series = [{"series": f'stratameter_redis_errors_total{{operation="{op}",cause="{c}",instance="p1",job="sm"}}',
+               "values": v} for op, c, v in (("ingest", "out_of_memory", "0+30x40"), ("probe", "unavailable", "3x40"),
+                                              ("leases", "unavailable", "0x40"))]
+    description = ("300 Redis failures of ingest in the last 10 minutes, cause out_of_memory; the work is retried and "
+                   "nothing is lost, but nothing is counted meanwhile. out_of_memory: Redis is at its maxmemory and "
+                   "refuses writes (give it more memory, or a smaller RESERVOIR_SIZE / CHUNK_RETENTION); read_only: "
+                   "the service talks to a replica; unavailable: Redis is down or unreachable.")
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "5m", "alertname": "StratameterRedisFailing", "exp_alerts": []},  # for: 10m
+            {"eval_time": "25m", "alertname": "StratameterRedisFailing", "exp_alerts": [
+                {"exp_labels": {"severity": "critical", "operation": "ingest", "cause": "out_of_memory"},
+                 "exp_annotations": {"summary": "Redis keeps failing stratameter's ingest (out_of_memory)",
+                                     "description": description}}]}],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 # --------------------------------------------------------------------------- PromQL names
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",

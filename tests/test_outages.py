@@ -5,6 +5,7 @@ false while it cannot work, it recovers by itself, and every count is exact."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import orjson
@@ -78,6 +79,17 @@ async def test_redis_restart_loses_and_duplicates_nothing(kafka_bootstrap, uniqu
             assert orjson.loads(body)["population"] == 1300
 
 
+def _redis_errors(response) -> dict[tuple[str, str], float]:
+    """``stratameter_redis_errors_total`` of a /metrics response, by (operation, cause)."""
+    status, body = response
+    assert status == 200
+    out = {}
+    for m in re.finditer(r"^stratameter_redis_errors_total\{(.*)\} (\S+)$", body.decode(), re.M):
+        labels = dict(re.findall(r'(\w+)="(\w+)"', m.group(1)))
+        out[(labels["operation"], labels["cause"])] = float(m.group(2))
+    return out
+
+
 async def _scores_at_least(run, cid: str, n: int) -> bool:
     try:
         return await _scores(run, cid) >= n
@@ -121,6 +133,8 @@ async def test_a_full_redis_stalls_ingest_and_loses_nothing(kafka_bootstrap, uni
                 await wait_for(lambda: _not_ready(run), 15, "/readyz to report the full Redis")
                 await asyncio.sleep(3)
                 assert await _not_ready(run)
+                refused = _redis_errors(await run.get("/metrics"))
+                assert refused.get(("ingest", "out_of_memory"), 0) > 0 and refused.get(("probe", "out_of_memory"), 0) > 0
             finally:
                 await client.config_set("maxmemory", "0")
             await wait_for(lambda: _ready(run), 15, "ready again")
@@ -187,3 +201,22 @@ async def test_the_label_studio_bridge_probes_redis_with_a_write(unique_name):
             await client.aclose()
             await bridge.redis.aclose()
             await bridge.ls.aclose()
+
+
+def test_redis_errors_are_labelled_by_cause():
+    from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError
+
+    from stratameter.app.failures import redis_error_cause
+    from stratameter.app.probes import Health
+
+    assert [redis_error_cause(e) for e in (OutOfMemoryError("oom"), ReadOnlyError("ro"), ConnectionError("down"),
+                                           asyncio.TimeoutError(), OSError("reset"))] == \
+        ["out_of_memory", "read_only", "unavailable", "unavailable", "unavailable"]
+    health = Health()
+    health.redis_ok()
+    health.count_redis_error(OutOfMemoryError("oom"), "probe")  # a failed probe: readiness lapses by itself
+    assert health.redis_ok_at > 0
+    health.redis_failed(OutOfMemoryError("oom"), "ingest")
+    health.redis_failed(OutOfMemoryError("oom"), "ingest")
+    assert health.redis_ok_at == 0
+    assert health.redis_errors == {("probe", "out_of_memory"): 1, ("ingest", "out_of_memory"): 2}

@@ -93,7 +93,7 @@ class Checkpoint:
                 if not redis_outage(exc):
                     raise
                 staged = None  # redone with offsets reloaded from Redis (see ScoreIngestor.prepare)
-                self.health.redis_failed()
+                self.health.redis_failed(exc, "ingest")
                 log.warning("redis failed; retrying batch: %s", describe_outage(exc))
                 try:
                     await asyncio.wait_for(self.stopping.wait(), backoff)

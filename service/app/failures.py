@@ -15,7 +15,7 @@ import logging
 import time
 
 from aiokafka.errors import KafkaError
-from redis.exceptions import OutOfMemoryError, RedisError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
 from .consumer import describe
 
@@ -60,6 +60,16 @@ def describe_outage(exc: BaseException) -> str:
                 "more memory, or keep less per classifier (RESERVOIR_SIZE, CHUNK_RETENTION; README "
                 f"'Failover and outages'): {describe(exc)}")
     return describe(exc)
+
+
+def redis_error_cause(exc: BaseException) -> str:
+    """The cause of a Redis failure, as ``stratameter_redis_errors_total`` labels it: Redis at its
+    maxmemory, a read-only replica (a failover pointed the service at one), or anything else."""
+    if isinstance(exc, OutOfMemoryError):
+        return "out_of_memory"
+    if isinstance(exc, ReadOnlyError):
+        return "read_only"
+    return "unavailable"
 
 
 class ClassifierFailures:

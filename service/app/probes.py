@@ -22,7 +22,7 @@ from redis.exceptions import AuthenticationError
 from ..config import Settings, mask_url
 from ..state.keys import Keys
 from .consumer import StartupError, describe
-from .failures import describe_outage
+from .failures import describe_outage, redis_error_cause
 
 log = logging.getLogger("stratameter")
 
@@ -30,12 +30,18 @@ PROBE_INTERVAL_S = 2.0
 READY_WINDOW_S = 3 * PROBE_INTERVAL_S
 
 
+#: What failed when Redis did (``stratameter_redis_errors_total``'s `operation`).
+REDIS_OPERATIONS = ("ingest", "request_loop", "leases", "probe")
+
+
 class Health:
-    """When Kafka and Redis last answered (`time.time()`; 0: not since the last failure)."""
+    """When Kafka and Redis last answered (`time.time()`; 0: not since the last failure), and
+    Redis's failures so far by operation and cause (`redis_error_cause`)."""
 
     def __init__(self) -> None:
         self.kafka_ok_at = 0.0
         self.redis_ok_at = 0.0
+        self.redis_errors: dict[tuple[str, str], int] = {}
 
     def ready(self) -> bool:
         """Kafka and Redis both answered a probe within the last `READY_WINDOW_S`."""
@@ -45,8 +51,15 @@ class Health:
     def redis_ok(self) -> None:
         self.redis_ok_at = time.time()
 
-    def redis_failed(self) -> None:
+    def redis_failed(self, exc: BaseException, operation: str) -> None:
+        """Redis failed the work in hand: not ready until it answers again, and counted."""
         self.redis_ok_at = 0.0
+        self.count_redis_error(exc, operation)
+
+    def count_redis_error(self, exc: BaseException, operation: str) -> None:
+        """Count Redis's failure `exc` of `operation` (one of `REDIS_OPERATIONS`)."""
+        key = (operation, redis_error_cause(exc))
+        self.redis_errors[key] = self.redis_errors.get(key, 0) + 1
 
     async def probe_forever(self, kafka: Callable[[], Awaitable], redis: Callable[[], Awaitable],
                             stopping: asyncio.Event) -> None:
@@ -59,6 +72,8 @@ class Health:
                     setattr(self, mark, time.time())
                 except Exception as exc:  # noqa: BLE001 - any failure means not ready
                     log.warning("%s probe failed: %s", mark.split("_")[0], describe_outage(exc))
+                    if probe is redis:  # readiness lapses by itself after READY_WINDOW_S
+                        self.count_redis_error(exc, "probe")
             try:
                 await asyncio.wait_for(stopping.wait(), PROBE_INTERVAL_S)
             except asyncio.TimeoutError:

@@ -69,7 +69,7 @@ class RequestTask:
             if stepped:
                 self.health.redis_ok()
         except REDIS_OUTAGES as exc:
-            self.health.redis_failed()
+            self.health.redis_failed(exc, "request_loop")
             log.warning("request loop: redis failed", extra={"error": describe_outage(exc)})
         except Exception:  # noqa: BLE001 - never let the loop die; report and go on
             log.exception("request loop step failed")
@@ -109,7 +109,7 @@ class RequestTask:
                 self.loop.forget_unowned(self.leases.owned)
                 self.health.redis_ok()
             except REDIS_OUTAGES as exc:
-                self.health.redis_failed()
+                self.health.redis_failed(exc, "leases")
                 log.warning("lease renewal: redis failed", extra={"error": describe_outage(exc)})
             except Exception:  # noqa: BLE001 - never let renewal die; report and go on
                 log.exception("lease renewal failed")

@@ -60,9 +60,10 @@ _STRATUM_GAUGES = (
 
 class SnapshotCollector:
     def __init__(self, views: list[dict], invalid: dict[tuple[str, str], int], unknown_global: int,
-                 lag: dict[tuple[str, int], int], dropped: int, failures: dict[tuple[str, str], int]) -> None:
+                 lag: dict[tuple[str, int], int], dropped: int, failures: dict[tuple[str, str], int],
+                 redis_errors: dict[tuple[str, str], int]) -> None:
         self.views, self.invalid, self.unknown_global, self.lag, self.dropped = views, invalid, unknown_global, lag, dropped
-        self.failures = failures
+        self.failures, self.redis_errors = failures, redis_errors
 
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in _GAUGES}
@@ -90,6 +91,13 @@ class SnapshotCollector:
         for (cid, stage), n in self.failures.items():
             failures.add_metric([cid, stage], n)
         yield failures
+        redis_errors = CounterMetricFamily(
+            "stratameter_redis_errors", "Redis calls that failed in this process, by operation (ingest, request_loop, "
+            "leases, probe) and cause: out_of_memory (Redis at its maxmemory refuses writes), read_only (a replica), "
+            "unavailable (down, unreachable, timed out); the work is retried", labels=["operation", "cause"])
+        for (operation, cause), n in sorted(self.redis_errors.items()):
+            redis_errors.add_metric([operation, cause], n)
+        yield redis_errors
         yield from self._service_wide()
 
     def _service_wide(self):
@@ -155,7 +163,7 @@ class Exporter:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.snapshot = SnapshotCollector([], {}, 0, {}, 0, {})
+        self.snapshot = SnapshotCollector([], {}, 0, {}, 0, {}, {})
         self.registry.register(_Current(self))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -203,7 +211,7 @@ async def _snapshot(service) -> SnapshotCollector:
     else:
         invalid, unknown = {}, 0
     return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped,
-                             service.failures.of(owned))
+                             service.failures.of(owned), dict(service.health.redis_errors))
 
 
 async def render(service) -> bytes:
