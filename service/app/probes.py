@@ -30,10 +30,6 @@ PROBE_INTERVAL_S = 2.0
 READY_WINDOW_S = 3 * PROBE_INTERVAL_S
 
 
-#: What failed when Redis did (``stratameter_redis_errors_total``'s `operation`).
-REDIS_OPERATIONS = ("ingest", "request_loop", "leases", "probe")
-
-
 class Health:
     """When Kafka and Redis last answered (`time.time()`; 0: not since the last failure), and
     Redis's failures so far by operation and cause (`redis_error_cause`)."""
@@ -57,7 +53,8 @@ class Health:
         self.count_redis_error(exc, operation)
 
     def count_redis_error(self, exc: BaseException, operation: str) -> None:
-        """Count Redis's failure `exc` of `operation` (one of `REDIS_OPERATIONS`)."""
+        """Count Redis's failure `exc` of `operation` (``stratameter_redis_errors_total``'s label:
+        ingest, request_loop, leases or probe)."""
         key = (operation, redis_error_cause(exc))
         self.redis_errors[key] = self.redis_errors.get(key, 0) + 1
 

@@ -84,9 +84,7 @@ class ChunkBins:
         positions = (buckets + BINS_ROTATION) & (BINS - 1)
         wraps = buckets[0] < BINS - BINS_ROTATION <= buckets[-1]
         at = np.sort(positions) if wraps else positions
-        highest = int(at[-1])
-        if highest >= self.counts.size:
-            self.counts = np.concatenate((self.counts, np.zeros(highest + 1 - self.counts.size, np.uint32)))
+        self._reach(int(at[-1]))
         breaks = run_breaks(at)
         scattered = (breaks.size + 1) * MIN_TOUCHED_PER_RUN > at.size
         runs = [] if scattered else counter_runs(at, breaks)
@@ -100,8 +98,13 @@ class ChunkBins:
 
     def _add_each(self, buckets: list[int], counts: list[int]) -> None:
         positions = [(b + BINS_ROTATION) & (BINS - 1) for b in buckets]
-        if positions and max(positions) >= self.counts.size:
-            self.counts = np.concatenate((self.counts, np.zeros(max(positions) + 1 - self.counts.size, np.uint32)))
+        if positions:
+            self._reach(max(positions))
         mine = self.counts
         for p, c in zip(positions, counts):
             mine[p] = min(int(mine[p]) + c, COUNTER_MAX)
+
+    def _reach(self, position: int) -> None:
+        """Grow the copy with zero counters to hold `position` (as Redis reads past a string's end)."""
+        if position >= self.counts.size:
+            self.counts = np.concatenate((self.counts, np.zeros(position + 1 - self.counts.size, np.uint32)))

@@ -58,7 +58,8 @@ Service-wide ``<prefix>:{_global}:...``
   instances           zset   instance id -> last heartbeat (ms)
   invalid             hash   "topic|reason" -> rejected records
   labels_unknown      hash   "unknown" -> labels whose request id names no classifier
-  probe:<instance>    string the service's readiness probe's write (PX 6 s; refused by a full Redis)
+  probe:<instance>    string the readiness probe's write, the service's and the bridge's (PX 6 s;
+                             refused by a full Redis; `app.probes.probe_redis`)
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic
                              name for `invalid`, "labels-unknown" for `labels_unknown`)
 
