@@ -203,6 +203,60 @@ async def test_the_label_studio_bridge_probes_redis_with_a_write(unique_name):
             await bridge.ls.aclose()
 
 
+async def test_the_label_studio_bridge_counts_redis_failures(unique_name):
+    """A full Redis, as the bridge meets it: its probe and its poll (the poll lease is a write) are
+    refused; each refusal is counted in ``stratameter_bridge_redis_errors_total`` by operation and
+    cause (every series is there from the start, at 0) and the bridge is not ready meanwhile."""
+    from prometheus_client import generate_latest
+
+    from stratameter.bridge.bridge import Bridge
+    from stratameter.bridge.metrics import REDIS_OPERATIONS
+    from stratameter.config import load_settings
+
+    def errors(bridge) -> dict[tuple[str, str], float]:
+        text = generate_latest(bridge.metrics.registry).decode()
+        series = [(dict(re.findall(r'(\w+)="(\w+)"', labels)), float(v)) for labels, v in
+                  re.findall(r'^stratameter_bridge_redis_errors_total\{([^}]*)\} (\S+)$', text, re.M)]
+        return {(labels["operation"], labels["cause"]): v for labels, v in series}
+
+    with EmbeddedRedis() as redis:
+        bridge = Bridge(load_settings({"STRATAMETER_REDIS_URL": redis.url, "STRATAMETER_LABEL_STUDIO_TOKEN": "t0k3n",
+                                       "STRATAMETER_REDIS_KEY_PREFIX": unique_name("br"),
+                                       "STRATAMETER_INSTANCE_ID": unique_name("bridge"),
+                                       "STRATAMETER_LABEL_STUDIO_POLL_SECONDS": "0.2"}))
+        client = Redis.from_url(redis.url)
+        try:
+            before = errors(bridge)
+            assert len(before) == 3 * len(REDIS_OPERATIONS) and not any(before.values()), before
+            await bridge._probe_redis()
+            bridge.health.redis_ok()
+            bridge.health.kafka_ok_at = time.time()
+            assert bridge.health.ready()
+            used = (await client.info("memory"))["used_memory"]
+            await client.config_set("maxmemory", str(used - 300_000))
+
+            async def kafka_answers() -> None:
+                pass
+
+            loops = asyncio.gather(bridge.health.probe_forever(kafka_answers, bridge._probe_redis, bridge.stopping),
+                                   bridge.poll_forever())
+            async def both_counted() -> bool:
+                now = errors(bridge)
+                return now[("poll", "out_of_memory")] >= 2 and now[("probe", "out_of_memory")] >= 1
+
+            await wait_for(both_counted, 10, "the poll's and the probe's refusals counted")
+            assert not bridge.health.ready()
+            bridge.stopping.set()
+            await asyncio.wait_for(loops, 10)
+            after = errors(bridge)
+            assert {k for k, v in after.items() if v} == {("poll", "out_of_memory"), ("probe", "out_of_memory")}, after
+        finally:
+            await client.config_set("maxmemory", "0")
+            await client.aclose()
+            await bridge.redis.aclose()
+            await bridge.ls.aclose()
+
+
 def test_redis_errors_are_labelled_by_cause():
     from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError
 

@@ -62,6 +62,10 @@ def describe_outage(exc: BaseException) -> str:
     return describe(exc)
 
 
+#: The causes `redis_error_cause` tells apart (the label of the Redis error counters).
+REDIS_ERROR_CAUSES = ("out_of_memory", "read_only", "unavailable")
+
+
 def redis_error_cause(exc: BaseException) -> str:
     """The cause of a Redis failure, as ``stratameter_redis_errors_total`` labels it: Redis at its
     maxmemory, a read-only replica (a failover pointed the service at one), or anything else."""

@@ -91,8 +91,8 @@ class Bridge:
         self.ls = LabelStudio(s.label_studio_url, s.label_studio_token.get_secret_value())
         self.redis = connect(s)
         self.keys = Keys(s.redis_key_prefix)
-        self.metrics = BridgeMetrics()
         self.health = Health()
+        self.metrics = BridgeMetrics(self.health.redis_errors)
         self.ls_ok_at = 0.0
         self.stopping = asyncio.Event()
         self.queue: asyncio.Queue[int] = asyncio.Queue(maxsize=WEBHOOK_QUEUE)
@@ -231,6 +231,12 @@ class Bridge:
         """As the service's: a full Redis answers PING but refuses the claims and tasks' writes."""
         await probe_redis(self.redis, self.keys, self.settings.instance_id)
 
+    def _redis_failed(self, exc: BaseException, operation: str) -> None:
+        """Where `exc` is Redis failing `operation` (`metrics.REDIS_OPERATIONS`): counted, and not
+        ready until Redis answers the probe again (as the service's `Health.redis_failed`)."""
+        if isinstance(exc, RedisError):
+            self.health.redis_failed(exc, operation)
+
     async def _probe_label_studio_forever(self) -> None:
         while not self.stopping.is_set():
             try:
@@ -262,6 +268,7 @@ class Bridge:
                 self.metrics.ls_errors.labels(op).inc()
                 log.warning("%s failed, retrying in %.1f s: %s", op, delay, exc)
             except (RedisError, KafkaError, OSError) as exc:
+                self._redis_failed(exc, "requests" if op == "create_task" else "poll")
                 log.warning("%s failed, retrying in %.1f s: %s", op, delay, describe(exc))
             await self._sleep(delay)
             delay = min(10.0, delay * 2)
@@ -275,6 +282,7 @@ class Bridge:
                 if not await self._consume_once():
                     return
             except Exception as exc:  # noqa: BLE001 - not committed: the batch comes again
+                self._redis_failed(exc, "requests")
                 log.error("handling a batch of label requests failed; it is read again: %s", describe(exc),
                           exc_info=True)
                 await self._sleep(1.0)
@@ -444,6 +452,7 @@ class Bridge:
                 self.metrics.ls_errors.labels("read_task").inc()
                 log.warning("reading task %d after its webhook failed (polling will forward it): %s", task_id, exc)
             except Exception as exc:  # noqa: BLE001 - Kafka or Redis down: polling forwards it later
+                self._redis_failed(exc, "webhook")
                 log.warning("forwarding task %d failed (polling will retry): %s", task_id, describe(exc))
 
     async def forward(self, task: dict, via: str) -> str | None:
@@ -508,6 +517,7 @@ class Bridge:
             except Stopped:
                 return
             except Exception as exc:  # noqa: BLE001 - the next interval tries again
+                self._redis_failed(exc, "poll")
                 log.warning("polling Label Studio failed: %s", describe(exc))
 
     async def poll_once(self, lease: bool = True) -> bool:
@@ -551,6 +561,7 @@ class Bridge:
             polled = await self.redis.get(self.keys.label_studio(self.project_id, "polled"))
             self.metrics.poll_lag.set(time.time() - int(polled) / 1000 if polled else -1)
         except (RedisError, OSError, ValueError) as exc:
+            self._redis_failed(exc, "gauges")
             log.warning("reading the bridge's gauges failed: %s", describe(exc))
 
 

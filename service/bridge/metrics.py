@@ -17,6 +17,12 @@
   stratameter_bridge_tasks_removed_total{reason}    tasks deleted: expired (the request's deadline
                                                     passed unanswered)
   stratameter_bridge_label_studio_errors_total{operation}   failed calls to Label Studio
+  stratameter_bridge_redis_errors_total{operation,cause}    Redis's failures in this bridge, by
+                                                    operation (requests: claiming and recording
+                                                    tasks; webhook and poll: forwarding answers;
+                                                    gauges; probe) and cause (out_of_memory,
+                                                    read_only, unavailable), as the service's
+                                                    stratameter_redis_errors_total
   stratameter_bridge_open_tasks                     tasks awaiting an answer (all replicas)
   stratameter_bridge_poll_lag_seconds               since a replica last completed a poll of Label
                                                     Studio (answers a lost webhook missed wait at
@@ -26,7 +32,9 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
+from ..app.failures import REDIS_ERROR_CAUSES
 from .mapping import WEBHOOK_ERRORS
 
 REQUEST_OUTCOMES = ("task_created", "task_exists", "expired", "invalid", "rejected")
@@ -34,11 +42,33 @@ ANSWER_OUTCOMES = ("label_true", "label_false", "label_null", "already_forwarded
                    "not_ours")
 VIAS = ("webhook", "poll", "expiry")
 OPERATIONS = ("create_task", "read_task", "list_tasks", "delete_task", "user", "probe")
+#: What the bridge was doing when Redis failed (`stratameter_bridge_redis_errors_total`).
+REDIS_OPERATIONS = ("requests", "webhook", "poll", "gauges", "probe")
+
+
+class RedisErrors:
+    """``stratameter_bridge_redis_errors_total`` from the bridge's `Health` counts (`Health.redis_errors`,
+    which its readiness probe adds to as well), every operation and cause from the start."""
+
+    def __init__(self, counts: dict[tuple[str, str], int]) -> None:
+        self.counts = counts
+
+    def collect(self):
+        family = CounterMetricFamily("stratameter_bridge_redis_errors", "Redis calls that failed in this bridge, by "
+                                     "operation (requests, webhook, poll, gauges, probe) and cause: out_of_memory "
+                                     "(Redis at its maxmemory refuses writes), read_only (a replica), unavailable "
+                                     "(down, unreachable, timed out); the work is retried",
+                                     labels=["operation", "cause"])
+        for operation in REDIS_OPERATIONS:
+            for cause in REDIS_ERROR_CAUSES:
+                family.add_metric([operation, cause], self.counts.get((operation, cause), 0))
+        yield family
 
 
 class BridgeMetrics:
-    def __init__(self) -> None:
+    def __init__(self, redis_errors: dict[tuple[str, str], int]) -> None:
         self.registry = r = CollectorRegistry()
+        r.register(RedisErrors(redis_errors))
         self.requests = Counter("stratameter_bridge_requests", "Label requests consumed, by outcome",
                                 ["outcome"], registry=r)
         self.answers = Counter("stratameter_bridge_answers", "Annotations seen, by outcome and by the path that "
