@@ -247,10 +247,16 @@ def test_chart_refuses_sasl_without_password_secret():
 # --------------------------------------------------------------------------- rules
 
 
-@pytest.mark.parametrize("which", ["default-rules", "full"])
+def _with_bridge(values: dict) -> dict:
+    """`values` with the Label Studio bridge on (its alerts and dashboard come with it)."""
+    return {**values, "bridge": {"enabled": True, "labelStudio": {"tokenSecret": {"name": "ls-token"}}}}
+
+
+@pytest.mark.parametrize("which", ["default-rules", "full", "bridge"])
 def test_promtool_check_rules(which, tmp_path):
     promtool = _need("promtool", PROMTOOL_HOW)
-    values = _full_values() if which == "full" else {"prometheusRule": {"enabled": True}}
+    values = {"full": _full_values(), "bridge": _with_bridge(_full_values())}.get(
+        which, {"prometheusRule": {"enabled": True}})
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(_rule_groups(_render(values))))
     res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
@@ -389,6 +395,62 @@ def test_promtool_unit_tests_redis_failing(tmp_path):
                 {"exp_labels": {"severity": "critical", "operation": "ingest", "cause": "out_of_memory"},
                  "exp_annotations": {"summary": "Redis keeps failing stratameter's ingest (out_of_memory)",
                                      "description": description}}]}],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_promtool_unit_tests_bridge_alerts(tmp_path):
+    """The bridge's alerts, rendered only with the bridge: Label Studio or Redis failing it for good
+    (not a blip long ago), its polls stalled or never done, requests left without a task and
+    answers with a choice it does not know; the bridge's pods absent."""
+    promtool = _need("promtool", PROMTOOL_HOW)
+    values = {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}
+    assert "stratameter.bridge" not in [g["name"] for g in _rule_groups(_render(values))["groups"]]
+    groups = _rule_groups(_render(_with_bridge(values)))
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(groups))
+    rules = {r["alert"]: r for g in groups["groups"] if g["name"] == "stratameter.bridge" for r in g["rules"]}
+    job = 'instance="p1",job="sm-stratameter-bridge"'
+    series = [
+        {"series": f'stratameter_bridge_label_studio_errors_total{{operation="create_task",{job}}}',
+         "values": "0+2x40"},
+        {"series": f'stratameter_bridge_label_studio_errors_total{{operation="probe",{job}}}', "values": "1x40"},
+        {"series": f'stratameter_bridge_redis_errors_total{{operation="poll",cause="out_of_memory",{job}}}',
+         "values": "0+1x40"},
+        {"series": f'stratameter_bridge_redis_errors_total{{operation="probe",cause="unavailable",{job}}}',
+         "values": "0x40"},
+        {"series": f"stratameter_bridge_poll_lag_seconds{{{job}}}", "values": "0+60x40"},  # no poll completes
+        {"series": f'stratameter_bridge_requests_total{{outcome="rejected",{job}}}', "values": "0x20 1x20"},
+        {"series": f'stratameter_bridge_requests_total{{outcome="task_created",{job}}}', "values": "0+5x40"},
+        {"series": f'stratameter_bridge_answers_total{{outcome="unknown_choice",via="poll",{job}}}',
+         "values": "0x20 3x20"},
+        {"series": f'up{{{job},namespace="ml"}}', "values": "1x10 0x30"},
+    ]
+
+    def alerts(name: str, labels: dict, value: str = "") -> dict:
+        """The alert at 30m with these labels, its annotations filled in with them and `value`."""
+        def filled(text: str) -> str:
+            text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m[1]], text)
+            return text.replace("{{ $value | humanize }}", value)
+
+        return {"eval_time": "30m", "alertname": name, "exp_alerts": [{
+            "exp_labels": labels, "exp_annotations": {k: filled(v) for k, v in rules[name]["annotations"].items()}}]}
+
+    warning, critical = {"severity": "warning"}, {"severity": "critical"}
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "5m", "alertname": "StratameterBridgeLabelStudioFailing", "exp_alerts": []},  # for: 15m
+            {"eval_time": "5m", "alertname": "StratameterBridgePollStalled", "exp_alerts": []},  # 300 s: ten polls
+            alerts("StratameterBridgeLabelStudioFailing", {**critical, "operation": "create_task"}, "20"),
+            alerts("StratameterBridgeRedisFailing", {**critical, "operation": "poll", "cause": "out_of_memory"}, "10"),
+            alerts("StratameterBridgePollStalled", warning),
+            alerts("StratameterBridgeRequestsWithoutTask", {**warning, "outcome": "rejected"}, "1"),
+            alerts("StratameterBridgeAnswersNotForwarded", warning, "3"),
+            alerts("StratameterBridgeDown", critical),
+        ],
     }]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
