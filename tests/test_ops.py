@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "stratameter"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 DASHBOARD = CHART / "dashboards" / "stratameter.json"
+BRIDGE_DASHBOARD = CHART / "dashboards" / "stratameter-bridge.json"
 CID = "spam-v1"
 ITEMS = 400
 
@@ -175,6 +176,9 @@ def test_chart_deployment_security_probes_secrets_and_dashboard():
     cm = _one(docs, "ConfigMap", "-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["stratameter.json"]) == json.loads(DASHBOARD.read_text())
+    assert "stratameter-bridge.json" not in cm["data"]  # the bridge is off
+    bridge_cm = _one(_render(_with_bridge(_full_values())), "ConfigMap", "-dashboard")
+    assert json.loads(bridge_cm["data"]["stratameter-bridge.json"]) == json.loads(BRIDGE_DASHBOARD.read_text())
     pdb = _one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 2 and pdb["spec"]["selector"] == dep["spec"]["selector"]
 
@@ -657,12 +661,8 @@ def test_promtool_check_metrics_on_live_scrape(live):
     assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
 
 
-@pytest.mark.integration
-def test_dashboard_and_rules_name_only_exported_metrics(live):
-    status, text = live.get("/metrics")
-    assert status == 200
-    exported = _exported_names(text)
-    dash = json.loads(DASHBOARD.read_text())
+def _dashboard_metrics(dash: dict) -> dict[str, set[str]]:
+    """Per panel title (and per query variable) the metric names its queries select."""
     panels = [p for p in dash["panels"] if p["type"] != "row"]
     panels += [q for p in dash["panels"] for q in p.get("panels", [])]
     used: dict[str, set[str]] = {}
@@ -673,6 +673,39 @@ def test_dashboard_and_rules_name_only_exported_metrics(live):
     for var in dash["templating"]["list"]:
         if var["type"] == "query":
             used.setdefault(f"variable {var['name']}", set()).update(_label_values_metrics(var["query"]["query"]))
+    return used
+
+
+def test_bridge_dashboard_and_rules_name_only_metrics_the_bridge_exports():
+    """The bridge's dashboard and alerts select what its /metrics has (every series of the bridge's
+    own metrics exists from the start, so a fresh registry shows every name), and cover each of them."""
+    from prometheus_client import generate_latest
+
+    from stratameter.bridge.metrics import BridgeMetrics
+
+    scrape = generate_latest(BridgeMetrics({}).registry).decode()
+    exported = _exported_names(scrape)
+    used = _dashboard_metrics(json.loads(BRIDGE_DASHBOARD.read_text()))
+    missing = {title: sorted(n - exported) for title, n in used.items() if n - exported}
+    assert not missing, f"the bridge's dashboard names metrics the bridge does not export: {missing}"
+    shown = set().union(*used.values())
+    families = [f for f in re.findall(r"^# TYPE (stratameter_bridge_\w+) ", scrape, re.M) if not f.endswith("_created")]
+    assert "stratameter_bridge_redis_errors_total" in families
+    assert not [f for f in families if not any(n.startswith(f) for n in shown)], shown
+    groups = _rule_groups(_render(_with_bridge({"prometheusRule": {"enabled": True},
+                                                "serviceMonitor": {"enabled": True}})))["groups"]
+    for r in next(g for g in groups if g["name"] == "stratameter.bridge")["rules"]:
+        unknown = _metric_names(r["expr"]) - exported - {"up"}
+        assert not unknown, (r["alert"], unknown)
+
+
+@pytest.mark.integration
+def test_dashboard_and_rules_name_only_exported_metrics(live):
+    status, text = live.get("/metrics")
+    assert status == 200
+    exported = _exported_names(text)
+    dash = json.loads(DASHBOARD.read_text())
+    used = _dashboard_metrics(dash)
     classifier_var = next(v for v in dash["templating"]["list"] if v["name"] == "classifier")
     assert classifier_var["query"]["query"] == "label_values(stratameter_scores_total, classifier)"
     missing = {title: sorted(n - exported) for title, n in used.items() if n - exported}

@@ -31,7 +31,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily
 
 from ..app.failures import REDIS_ERROR_CAUSES
@@ -68,6 +68,7 @@ class RedisErrors:
 class BridgeMetrics:
     def __init__(self, redis_errors: dict[tuple[str, str], int]) -> None:
         self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         r.register(RedisErrors(redis_errors))
         self.requests = Counter("stratameter_bridge_requests", "Label requests consumed, by outcome",
                                 ["outcome"], registry=r)
