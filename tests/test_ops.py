@@ -677,13 +677,17 @@ def _dashboard_metrics(dash: dict) -> dict[str, set[str]]:
 
 
 def test_bridge_dashboard_and_rules_name_only_metrics_the_bridge_exports():
-    """The bridge's dashboard and alerts select what its /metrics has (every series of the bridge's
+    """The bridge's /metrics passes `promtool check metrics`; its dashboard and alerts select what it has (every series of the bridge's
     own metrics exists from the start, so a fresh registry shows every name), and cover each of them."""
     from prometheus_client import generate_latest
 
     from stratameter.bridge.metrics import BridgeMetrics
 
-    scrape = generate_latest(BridgeMetrics({}).registry).decode()
+    scrape = generate_latest(BridgeMetrics({("poll", "out_of_memory"): 2}).registry).decode()
+    promtool = _need("promtool", PROMTOOL_HOW)  # the exposition's conventions (the service's: its live scrape)
+    res = subprocess.run([promtool, "check", "metrics"], input=scrape, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and not (res.stdout + res.stderr).strip(), res.stdout + res.stderr
+    assert 'stratameter_bridge_redis_errors_total{cause="out_of_memory",operation="poll"} 2.0' in scrape
     exported = _exported_names(scrape)
     used = _dashboard_metrics(json.loads(BRIDGE_DASHBOARD.read_text()))
     missing = {title: sorted(n - exported) for title, n in used.items() if n - exported}
