@@ -57,7 +57,7 @@ def test_defaults():
     assert (s.chunk_retention, s.history_chunks) == (24, 168)
     assert (s.max_event_time_skew_seconds, s.allowed_lateness_seconds) == (300, 300)
     assert (s.defaults().max_event_time_skew_seconds, s.defaults().allowed_lateness_seconds) == (300, 300)
-    assert (s.batch_max_records, s.dead_letter_max_per_second, s.log_level) == (5000, 1000, "INFO")
+    assert (s.batch_max_records, s.dead_letter_max_per_second, s.log_level) == (20_000, 1000, "INFO")
     assert s.classifiers_config_file is None
     host = socket.gethostname()
     assert s.instance_id.endswith(f"-{os.getpid()}") and s.instance_id.startswith(host.split(".")[0][:10])

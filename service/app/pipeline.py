@@ -22,6 +22,40 @@ log = logging.getLogger("stratameter")
 #: (measured: 2 turns still left the writes after the parsing, 3 sent them before it).  A turn
 #: more than needed costs microseconds; one too few only loses the overlap.
 APPLY_START_TURNS = 4
+#: A poll takes as many records as the service stages and applies in about this long, at the rate
+#: its last large poll went (`PollSize`) ...
+POLL_TARGET_SECONDS = 0.1
+#: ... but never fewer than this (or BATCH_MAX_RECORDS, if smaller).  Below it a slow ingest (many
+#: classifiers, a few records an INGEST call) would poll less and less: each call's fixed cost then
+#: weighs more per record, the rate falls, and the next poll is smaller still.
+MIN_POLL_RECORDS = 5000
+
+
+class PollSize:
+    """How many records the next poll may take: about `POLL_TARGET_SECONDS` of work at the rate the
+    last poll of at least `MIN_POLL_RECORDS` was staged and applied, between that floor and
+    BATCH_MAX_RECORDS.
+
+    Larger polls make larger INGEST calls (each classifier's share of a poll is one call), so the
+    fixed costs of a call, in this process and in Redis, are paid over more records, and a call's
+    reservoir candidates are its strata's bottom `RESERVOIR_SIZE` of more records (measured,
+    `stratameter bench`: README, "Benchmark").  But a label answer waits for the poll being
+    processed, so a fixed large poll made the label round trip slower where the ingest is slow
+    (1,000 classifiers: a 20,000-record poll took over a second).  Sizing the poll by the time it
+    takes keeps that wait at about `POLL_TARGET_SECONDS` wherever a poll grows past the floor.
+    Only polls of at least the floor tell the rate: a small poll is mostly fixed costs, and it
+    means the service has caught up with the stream, where the size does not matter."""
+
+    def __init__(self, most: int) -> None:
+        self.most = int(most)
+        self.floor = min(MIN_POLL_RECORDS, self.most)
+        self.records = self.floor
+
+    def took(self, records: int, seconds: float) -> None:
+        """A poll of `records` was staged and applied in `seconds` (the wall time of its turn of the
+        pipeline)."""
+        if records >= self.floor and seconds > 0:
+            self.records = max(self.floor, min(self.most, int(POLL_TARGET_SECONDS * records / seconds)))
 
 
 class Pipeline:
@@ -34,15 +68,17 @@ class Pipeline:
         """Until stopping; then apply and commit the poll in hand before the consumer stops."""
         backoff = 0.1
         inflight: asyncio.Task | None = None  # the previous poll being applied
+        size = PollSize(self.settings.batch_max_records)
         while not self.stopping.is_set():
             try:
-                batches = await self.kafka.poll(self.settings.batch_max_records, timeout_ms=200)
+                batches = await self.kafka.poll(size.records, timeout_ms=200)
             except Exception as exc:  # noqa: BLE001 - the client retries; we back off and report not ready
                 log.warning("kafka poll failed", extra={"error": repr(exc)})
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
                 continue
             backoff = 0.1
+            polled = time.perf_counter()
             work = [(tp, records) for tp, records in batches.items() if records]
             # The event times accepted, from the wall clock once per poll (and kept when the poll is
             # redone after a Redis failure, so a retry judges each record as the first try did).
@@ -53,6 +89,9 @@ class Pipeline:
             inflight = asyncio.create_task(self.checkpoint.apply(work, staged, window))
             await start(inflight)
             await refresh_lag(self.kafka.consumer, self.lag)
+            # staged while the previous poll was applied, whose end it waited for: under a backlog
+            # each turn takes one poll's work
+            size.took(sum(len(records) for _, records in work), time.perf_counter() - polled)
         if inflight is not None:
             await inflight
         await self.checkpoint.commit()  # the batch in hand, before the consumer stops

@@ -145,7 +145,8 @@ class Settings(ClientOptions, BaseSettings):
     # every classifier id creates state, series and a request loop: new ids past this are dead-lettered
     max_classifiers: AtLeast1 = 5_000  # one replica scrapes 5,000 owned classifiers in ~5 s (README, Scale)
     # process
-    batch_max_records: AtLeast1 = 5000
+    # the most a poll takes; polls are sized to the ingest rate (app.pipeline.PollSize), from 5,000 up
+    batch_max_records: AtLeast1 = 20_000
     dead_letter_max_per_second: Annotated[float, check(positive)] = 1000.0
     log_level: Annotated[str, one_of(LOG_LEVELS, str.upper)] = "INFO"
     instance_id: Annotated[str, name_chars("the id")] = Field(default_factory=_default_instance_id)
