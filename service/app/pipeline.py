@@ -52,8 +52,9 @@ class PollSize:
         self.records = self.floor
 
     def took(self, records: int, seconds: float) -> None:
-        """A poll of `records` was staged and applied in `seconds` (the wall time of its turn of the
-        pipeline)."""
+        """A poll of `records` took `seconds` of the pipeline's time: from its arrival to the next
+        poll's (its staging, the wait for the previous poll's apply, whatever else the event loop
+        ran meanwhile: what a label answer waits)."""
         if records >= self.floor and seconds > 0:
             self.records = max(self.floor, min(self.most, int(POLL_TARGET_SECONDS * records / seconds)))
 
@@ -69,6 +70,7 @@ class Pipeline:
         backoff = 0.1
         inflight: asyncio.Task | None = None  # the previous poll being applied
         size = PollSize(self.settings.batch_max_records)
+        last: tuple[int, float] | None = None  # the previous poll's records and when it came
         while not self.stopping.is_set():
             try:
                 batches = await self.kafka.poll(size.records, timeout_ms=200)
@@ -78,8 +80,13 @@ class Pipeline:
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
                 continue
             backoff = 0.1
-            polled = time.perf_counter()
             work = [(tp, records) for tp, records in batches.items() if records]
+            # a poll's turn: from its records' arrival to the next poll's, all of it (staging, the wait
+            # for the previous poll's apply, the other tasks of the event loop), as a label waits it
+            now = time.perf_counter()
+            if last is not None:
+                size.took(last[0], now - last[1])
+            last = (sum(len(records) for _, records in work), now)
             # The event times accepted, from the wall clock once per poll (and kept when the poll is
             # redone after a Redis failure, so a retry judges each record as the first try did).
             window = self.settings.event_time_window(int(time.time() * 1000))
@@ -89,9 +96,6 @@ class Pipeline:
             inflight = asyncio.create_task(self.checkpoint.apply(work, staged, window))
             await start(inflight)
             await refresh_lag(self.kafka.consumer, self.lag)
-            # staged while the previous poll was applied, whose end it waited for: under a backlog
-            # each turn takes one poll's work
-            size.took(sum(len(records) for _, records in work), time.perf_counter() - polled)
         if inflight is not None:
             await inflight
         await self.checkpoint.commit()  # the batch in hand, before the consumer stops
