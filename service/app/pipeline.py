@@ -22,8 +22,8 @@ log = logging.getLogger("stratameter")
 #: (measured: 2 turns still left the writes after the parsing, 3 sent them before it).  A turn
 #: more than needed costs microseconds; one too few only loses the overlap.
 APPLY_START_TURNS = 4
-#: A poll takes as many records as the service stages and applies in about this long, at the rate
-#: its last large poll went (`PollSize`) ...
+#: A poll takes as many records as the service gets through in about this long, at the rate its
+#: last large poll's turn went (`PollSize`) ...
 POLL_TARGET_SECONDS = 0.1
 #: ... but never fewer than this (or BATCH_MAX_RECORDS, if smaller).  Below it a slow ingest (many
 #: classifiers, a few records an INGEST call) would poll less and less: each call's fixed cost then
@@ -32,9 +32,9 @@ MIN_POLL_RECORDS = 5000
 
 
 class PollSize:
-    """How many records the next poll may take: about `POLL_TARGET_SECONDS` of work at the rate the
-    last poll of at least `MIN_POLL_RECORDS` was staged and applied, between that floor and
-    BATCH_MAX_RECORDS.
+    """How many records the next poll may take: about `POLL_TARGET_SECONDS` of work at the rate of
+    the last poll of at least `MIN_POLL_RECORDS` (its turn of the pipeline, `took`), between that
+    floor and BATCH_MAX_RECORDS.
 
     Larger polls make larger INGEST calls (each classifier's share of a poll is one call), so the
     fixed costs of a call, in this process and in Redis, are paid over more records, and a call's
