@@ -107,3 +107,27 @@ def test_distinct_chunks_in_order_with_or_without_a_sort():
     assert distinct_chunks(np.array([7, 7, 7])) == [7]
     assert distinct_chunks(np.array([9, 7, 9, 8, 7])) == [7, 8, 9]
     assert all(type(t) is int for t in distinct_chunks(np.array([5, 4])) + distinct_chunks(np.array([3, 3])))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2**32 - 1), st.integers(1, 3))
+def test_both_sides_from_one_pass_are_each_side_alone(n, seed, chunks):
+    """A classifier's predicted positives and negatives (`negatives`) share their records' chunk
+    ids, score buckets and priorities (one draw: a record is on one side): each side's payload is
+    the one it gets alone, with the priorities of that one draw."""
+    rng = np.random.default_rng(seed)
+    score = rng.normal(size=n)
+    event_ms = np.sort(rng.integers(0, chunks * 3_600_000, n))
+    cols = (np.arange(n), np.arange(n), [f"it-{i}" for i in range(n)], [None] * n, score, score >= 0.2, event_ms)
+    cuts = ChunkCuts(np.array([-0.5, 0.0, 0.5]), 1, False)
+
+    def payload(recs, draw):
+        return build_payload(recs, 3600, lambda t: cuts, 16, 0, np.random.default_rng(draw))
+
+    both = ClassifierRecords("c", *cols)
+    negatives = both.negatives("c~negatives")
+    shared = payload(both, seed), payload(negatives, seed + 1)  # the second draw is not made
+    alone = payload(ClassifierRecords("c", *cols), seed), \
+        payload(ClassifierRecords("c~negatives", *cols[:5], ~cols[5], cols[6]), seed)
+    assert shared == alone
+    assert sum(len(c["res"]) for p in shared for c in p["chunks"]) > 0

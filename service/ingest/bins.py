@@ -53,24 +53,26 @@ def histogram_increments(buckets: np.ndarray, counts: np.ndarray) -> list:
 def run_breaks(positions: np.ndarray) -> np.ndarray:
     """Where a run of the increasing counter `positions` ends: the indices after which the next
     position is more than `RUN_GAP` on."""
-    return np.flatnonzero(np.diff(positions) > RUN_GAP)
+    return np.flatnonzero(positions[1:] - positions[:-1] > RUN_GAP)
 
 
 def counter_runs(positions: np.ndarray, breaks: np.ndarray | None = None) -> list[tuple[int, int]]:
     """(first, last) of each run of the increasing counter `positions` (`run_breaks`)."""
-    at = positions.tolist()
     ends = (run_breaks(positions) if breaks is None else breaks).tolist()
-    return [(at[a], at[b]) for a, b in zip([0] + [e + 1 for e in ends], ends + [len(at) - 1])]
+    # a few runs of many positions: index the runs' ends, not every position
+    return [(int(positions[a]), int(positions[b])) for a, b in zip([0] + [e + 1 for e in ends],
+                                                                     ends + [positions.size - 1])]
 
 
 class ChunkBins:
     """This instance's copy of one chunk's ``bins`` counters, in the string's order (bucket b at
-    (b + BINS_ROTATION) mod BINS), as long as the highest counter it has seen."""
+    (b + BINS_ROTATION) mod BINS) and byte order (big-endian, so a run's bytes are a slice of
+    the copy's), as long as the highest counter it has seen."""
 
     __slots__ = ("counts",)
 
     def __init__(self, packed: bytes | None = None) -> None:
-        self.counts = np.frombuffer(packed or b"", dtype=">u4")[:BINS].astype(np.uint32)
+        self.counts = np.frombuffer(packed or b"", dtype=">u4")[:BINS].copy()
 
     def add(self, buckets: np.ndarray, counts: np.ndarray) -> dict:
         """Add `counts` to the counters of `buckets` (distinct, increasing) and return INGEST's
@@ -87,14 +89,13 @@ class ChunkBins:
         self._reach(int(at[-1]))
         breaks = run_breaks(at)
         scattered = (breaks.size + 1) * MIN_TOUCHED_PER_RUN > at.size
-        runs = [] if scattered else counter_runs(at, breaks)
-        old = [self.counts[a:b + 1].astype(">u4").tobytes() for a, b in runs]
+        before = b"" if scattered else self.counts.tobytes()
         added = self.counts[positions] + counts.astype(np.uint64)
         self.counts[positions] = np.minimum(added, COUNTER_MAX) if added.max() > COUNTER_MAX else added
         if scattered:
             return {"hist": histogram_increments(buckets, counts)}
-        return {"runs": [[4 * a, before, self.counts[a:b + 1].astype(">u4").tobytes()]
-                         for (a, b), before in zip(runs, old)]}
+        after = self.counts.tobytes()
+        return {"runs": [[4 * a, before[4 * a:4 * b + 4], after[4 * a:4 * b + 4]] for a, b in counter_runs(at, breaks)]}
 
     def _add_each(self, buckets: list[int], counts: list[int]) -> None:
         positions = [(b + BINS_ROTATION) & (BINS - 1) for b in buckets]
@@ -107,4 +108,6 @@ class ChunkBins:
     def _reach(self, position: int) -> None:
         """Grow the copy with zero counters to hold `position` (as Redis reads past a string's end)."""
         if position >= self.counts.size:
-            self.counts = np.concatenate((self.counts, np.zeros(position + 1 - self.counts.size, np.uint32)))
+            grown = np.zeros(position + 1, ">u4")  # (concatenate would give the machine's byte order)
+            grown[:self.counts.size] = self.counts
+            self.counts = grown

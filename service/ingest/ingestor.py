@@ -40,7 +40,7 @@ from ..stats.strata import boundaries
 from ..state.keys import ingest_chunks, negatives_of, owner_of
 from ..state.scripts import encode_ingest
 from ..state.store import ChunkCuts, Store
-from .aggregate import ClassifierRecords, build_payload, chunk_of, distinct_chunks, group_by_classifier
+from .aggregate import ClassifierRecords, build_payload, chunk_of, group_by_classifier, positive_chunks
 from .bins import ChunkBins
 
 
@@ -269,7 +269,7 @@ class ScoreIngestor:
         need: dict[tuple[str, int], ClassifierRecords] = {}
         for r in recs:
             cfg = self.settings.for_classifier(r.classifier_id)
-            for t in distinct_chunks(chunk_of(r.event_ms[r.positive], cfg.chunk_seconds)):
+            for t in positive_chunks(r, cfg.chunk_seconds):
                 key = (r.classifier_id, t)
                 if key in self._cuts:
                     out[key] = self._cuts[key]
