@@ -7,8 +7,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratameter.ingest.aggregate import (SAMPLE_CAP, ClassifierRecords, build_payload, distinct_chunks, member,
-                                          members)
+from stratameter.ingest.aggregate import (SAMPLE_CAP, ClassifierRecords, build_payload, distinct_chunks,
+                                          float_texts, member, members)
 from stratameter.state.scripts import decode_ingest, encode_ingest
 from stratameter.state.store import ChunkCuts
 
@@ -28,6 +28,18 @@ _contexts = st.one_of(
 def test_members_are_member_of_each_item(rows):
     ids = [r[0] for r in rows]
     assert members(ids, [r[1] for r in rows], [r[2] for r in rows]) == [member(*r) for r in rows]
+    assert members(ids, np.array([r[1] for r in rows], dtype=float), [r[2] for r in rows]) == \
+        [member(*r) for r in rows]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_scores, max_size=30))
+def test_float_texts_read_back_as_the_same_floats(values):
+    """What INGEST passes to ZADD as a priority is the float itself, from a list or an array."""
+    for given_as in (values, np.array(values, dtype=float)):
+        texts = float_texts(given_as)
+        assert all(type(t) is str and "," not in t for t in texts)
+        assert [float(t) for t in texts] == values
 
 
 def test_members_of_ids_that_look_like_separators():
@@ -98,7 +110,8 @@ def test_reservoir_candidates_are_each_stratums_lowest_priorities(n, seed, res_s
             expected.append([k, [x for i in rows for x in (float(priority[i]),
                                                            member(items[i], float(score[i]), contexts[i]))]])
     got = payload["chunks"][0]["res"] if payload["chunks"] else []
-    assert [[k, sorted(zip(c[0::2], c[1::2]))] for k, c in got] == \
+    assert all(type(p) is str for _, c in got for p in c[0::2])  # priorities as text: `float_texts`
+    assert [[k, sorted(zip(map(float, c[0::2]), c[1::2]))] for k, c in got] == \
         [[k, sorted(zip(c[0::2], c[1::2]))] for k, c in expected]
 
 
