@@ -150,9 +150,9 @@ def _candidates(recs: ClassifierRecords, sel: np.ndarray, priority: np.ndarray) 
     """Flat ``[priority, member, ...]`` of the records at positions `sel`, converted from the
     arrays once rather than per element.  The priorities go as text (`float_texts`): INGEST
     passes them on to ZADD, and a Lua number passed to a Redis command is formatted by Redis
-    with ``%.17g``, which cost Redis 2,600 instructions a candidate (a fifth of its work on
-    every metric's reservoir candidates; callgrind, 2026-11-28); the text is exact, so the
-    sorted set holds the same float."""
+    with ``%.17g``, glibc's multiprecision printf: about 2,000 instructions a candidate, a sixth
+    of Redis's work on the bench (callgrind, 2026-11-28).  The text is exact, so the sorted set
+    holds the same float."""
     rows = recs.rows[sel].tolist()
     entries = members(list(map(recs.items.__getitem__, rows)), recs.score[sel],
                       list(map(recs.contexts.__getitem__, rows)))

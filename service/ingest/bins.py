@@ -95,7 +95,8 @@ class ChunkBins:
         if scattered:
             return {"hist": histogram_increments(buckets, counts)}
         after = self.counts.tobytes()
-        return {"runs": [[4 * a, before[4 * a:4 * b + 4], after[4 * a:4 * b + 4]] for a, b in counter_runs(at, breaks)]}
+        return {"runs": [[4 * a, before[4 * a:4 * b + 4], after[4 * a:4 * b + 4]]
+                         for a, b in counter_runs(at, breaks)]}
 
     def _add_each(self, buckets: list[int], counts: list[int]) -> None:
         positions = [(b + BINS_ROTATION) & (BINS - 1) for b in buckets]
