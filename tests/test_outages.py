@@ -274,3 +274,19 @@ def test_redis_errors_are_labelled_by_cause():
     health.redis_failed(OutOfMemoryError("oom"), "ingest")
     assert health.redis_ok_at == 0
     assert health.redis_errors == {("probe", "out_of_memory"): 1, ("ingest", "out_of_memory"): 2}
+
+
+def test_redis_errors_are_exported_from_the_start():
+    """Every operation and cause is a series at 0 before its first failure (else ``increase()``
+    misses that failure and a short outage never fires StratameterRedisFailing), in the service's
+    counter as in the bridge's; a count under an operation not listed is still exported."""
+    from stratameter.app.failures import REDIS_ERROR_CAUSES, REDIS_OPERATIONS
+    from stratameter.metrics.exposition import redis_errors_family
+
+    family = redis_errors_family("stratameter_redis_errors", "process", REDIS_OPERATIONS,
+                                 {("ingest", "out_of_memory"): 2, ("other", "unavailable"): 1})
+    got = {(s.labels["operation"], s.labels["cause"]): s.value for s in family.samples}
+    assert got == {**{(op, c): 0 for op in REDIS_OPERATIONS for c in REDIS_ERROR_CAUSES},
+                   ("ingest", "out_of_memory"): 2, ("other", "unavailable"): 1}
+    assert family.name == "stratameter_redis_errors" and family.type == "counter"
+    assert "in this process, by operation (ingest, request_loop, leases, probe)" in family.documentation

@@ -64,6 +64,10 @@ def describe_outage(exc: BaseException) -> str:
 
 #: The causes `redis_error_cause` tells apart (the label of the Redis error counters).
 REDIS_ERROR_CAUSES = ("out_of_memory", "read_only", "unavailable")
+#: What the service was doing when Redis failed (`Health.redis_failed`; the label of
+#: ``stratameter_redis_errors_total``): the ingest's checkpoint, the request loop, its leases, the
+#: readiness probe.
+REDIS_OPERATIONS = ("ingest", "request_loop", "leases", "probe")
 
 
 def redis_error_cause(exc: BaseException) -> str:

@@ -54,7 +54,7 @@ class Health:
 
     def count_redis_error(self, exc: BaseException, operation: str) -> None:
         """Count Redis's failure `exc` of `operation` (the label of ``stratameter_redis_errors_total``:
-        ingest, request_loop, leases or probe; of the bridge's ``stratameter_bridge_redis_errors_total``:
+        `failures.REDIS_OPERATIONS`; of the bridge's ``stratameter_bridge_redis_errors_total``:
         `bridge.metrics.REDIS_OPERATIONS`)."""
         key = (operation, redis_error_cause(exc))
         self.redis_errors[key] = self.redis_errors.get(key, 0) + 1

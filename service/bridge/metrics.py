@@ -32,9 +32,8 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily
 
-from ..app.failures import REDIS_ERROR_CAUSES
+from ..metrics.exposition import redis_errors_family
 from .mapping import WEBHOOK_ERRORS
 
 REQUEST_OUTCOMES = ("task_created", "task_exists", "expired", "invalid", "rejected")
@@ -54,15 +53,7 @@ class RedisErrors:
         self.counts = counts
 
     def collect(self):
-        family = CounterMetricFamily("stratameter_bridge_redis_errors", "Redis calls that failed in this bridge, by "
-                                     "operation (requests, webhook, poll, gauges, probe) and cause: out_of_memory "
-                                     "(Redis at its maxmemory refuses writes), read_only (a replica), unavailable "
-                                     "(down, unreachable, timed out); the work is retried",
-                                     labels=["operation", "cause"])
-        for operation in REDIS_OPERATIONS:
-            for cause in REDIS_ERROR_CAUSES:
-                family.add_metric([operation, cause], self.counts.get((operation, cause), 0))
-        yield family
+        yield redis_errors_family("stratameter_bridge_redis_errors", "bridge", REDIS_OPERATIONS, self.counts)
 
 
 class BridgeMetrics:
