@@ -119,6 +119,7 @@ def redis_errors_family(name: str, where: str, operations: tuple[str, ...],
         name, f"Redis calls that failed in this {where}, by operation ({', '.join(operations)}) and cause: "
         "out_of_memory (Redis at its maxmemory refuses writes), read_only (a replica), unavailable (down, "
         "unreachable, timed out); the work is retried", labels=["operation", "cause"])
+    counts = dict(counts)  # a snapshot: the bridge passes its live counts
     every = [(operation, cause) for operation in operations for cause in REDIS_ERROR_CAUSES]
     for key in every + sorted(set(counts) - set(every)):
         family.add_metric(list(key), counts.get(key, 0))
