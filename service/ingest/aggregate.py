@@ -196,15 +196,7 @@ def _chunks(recs: ClassifierRecords, chunk_seconds: int) -> tuple[np.ndarray, li
     return chunks, _once(recs, ("distinct", chunk_seconds), lambda: distinct_chunks(chunks))
 
 
-def positive_chunks(recs: ClassifierRecords, chunk_seconds: int) -> list[int]:
-    """The distinct chunks the records' predicted positives fall in, in order."""
-    chunks, every = _chunks(recs, chunk_seconds)
-    if len(every) == 1:
-        return every if recs.positive.any() else []
-    return distinct_chunks(chunks[recs.positive])
-
-
-def _positives_by_chunk(recs: ClassifierRecords, chunk_seconds: int) -> list[tuple[int, np.ndarray]]:
+def positives_by_chunk(recs: ClassifierRecords, chunk_seconds: int) -> list[tuple[int, np.ndarray]]:
     """(chunk id, positions of its predicted positives) per chunk, in chunk order."""
     chunks, every = _chunks(recs, chunk_seconds)
     pos = np.flatnonzero(recs.positive)
@@ -273,7 +265,7 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
     """
     priority = _once(recs, "priority", lambda: rng.random(recs.size))
     out_chunks = []
-    for t, sel in _positives_by_chunk(recs, chunk_seconds):
+    for t, sel in positives_by_chunk(recs, chunk_seconds):
         s = recs.score[sel]
         if recs.shared.get(BOTH_SIDES):  # both sides' in one pass
             bucket = _once(recs, "bucket", lambda: bin_index(recs.score))[sel]

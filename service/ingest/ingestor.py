@@ -40,7 +40,7 @@ from ..stats.strata import boundaries
 from ..state.keys import ingest_chunks, negatives_of, owner_of
 from ..state.scripts import encode_ingest
 from ..state.store import ChunkCuts, Store
-from .aggregate import ClassifierRecords, build_payload, chunk_of, group_by_classifier, positive_chunks
+from .aggregate import ClassifierRecords, build_payload, group_by_classifier, positives_by_chunk
 from .bins import ChunkBins
 
 
@@ -254,8 +254,8 @@ class ScoreIngestor:
         cur = (await self.store.chunk_strata([(cid, t)]))[(cid, t)]
         if cur is None or not cur.provisional:
             return
-        sel = r.positive & (chunk_of(r.event_ms, cfg.chunk_seconds) == t)
-        hist = ScoreHistogram.from_scores(r.score[sel])
+        positions = dict(positives_by_chunk(r, cfg.chunk_seconds)).get(t, np.empty(0, dtype=np.int64))
+        hist = ScoreHistogram.from_scores(r.score[positions])
         stored = await self.store.chunk_score_histogram(cid, t)
         if stored is not None:
             hist = stored.merge(hist)
@@ -266,15 +266,15 @@ class ScoreIngestor:
         the chunks that are new; cached, and returned as a snapshot (the cache may change
         while another batch of this instance is submitted)."""
         out: dict[tuple[str, int], ChunkCuts] = {}
-        need: dict[tuple[str, int], ClassifierRecords] = {}
+        need: dict[tuple[str, int], np.ndarray] = {}  # a new chunk's scores: its opening batch's
         for r in recs:
             cfg = self.settings.for_classifier(r.classifier_id)
-            for t in positive_chunks(r, cfg.chunk_seconds):
+            for t, positions in positives_by_chunk(r, cfg.chunk_seconds):
                 key = (r.classifier_id, t)
                 if key in self._cuts:
                     out[key] = self._cuts[key]
                 else:
-                    need[key] = r
+                    need[key] = r.score[positions]
         if not need:
             return out
         stored = await self.store.chunk_strata(list(need))
@@ -282,9 +282,7 @@ class ScoreIngestor:
             if cuts is None:
                 cid, t = key
                 cfg = self.settings.for_classifier(cid)
-                r = need[key]
-                sel = r.positive & (chunk_of(r.event_ms, cfg.chunk_seconds) == t)
-                hist = opening_histogram(ScoreHistogram.from_scores(r.score[sel]),
+                hist = opening_histogram(ScoreHistogram.from_scores(need[key]),
                                          await self.store.recent_histogram(cid, t), cfg.strata)
                 now_ms = int(time.time() * 1000)
                 if hist.total < provisional_cap(cfg.strata, cfg.reservoir_size):
