@@ -46,3 +46,25 @@ def test_a_cap_below_the_floor_is_every_poll():
     assert size.records == 150
     size.took(150, 1e-6)
     assert size.records == 150
+
+
+def test_a_turn_runs_from_one_polls_arrival_to_the_next():
+    size = PollSize(20_000)  # times in binary fractions, so the differences are exact
+    size.arrived(5000, 10.0)
+    assert size.records == 5000  # nothing measured yet
+    size.arrived(6000, 10.0625)  # the first poll's turn: 0.0625 s for 5,000 records
+    assert size.records == 8000
+    size.arrived(0, 10.09375)  # 0.03125 s for 6,000 records: 19,200
+    assert size.records == 19_200
+
+
+def test_a_failed_poll_does_not_count_its_backoff_in_the_previous_turn():
+    size = PollSize(20_000)
+    size.arrived(5000, 10.0)
+    size.arrived(8000, 10.0625)
+    assert size.records == 8000
+    size.interrupted()  # the next poll failed; the pipeline backed off for seconds
+    size.arrived(8000, 13.0)  # not a turn of 2.9 s for 8,000 records
+    assert size.records == 8000
+    size.arrived(5000, 13.03125)  # 8,000 records in 0.03125 s: capped
+    assert size.records == 20_000

@@ -50,6 +50,18 @@ class PollSize:
         self.most = int(most)
         self.floor = min(MIN_POLL_RECORDS, self.most)
         self.records = self.floor
+        self._last: tuple[int, float] | None = None  # the previous poll's records and arrival
+
+    def arrived(self, records: int, now: float) -> None:
+        """A poll of `records` arrived at `now` (`time.perf_counter`): the previous poll's turn
+        ended (`took`)."""
+        if self._last is not None:
+            self.took(self._last[0], now - self._last[1])
+        self._last = (records, now)
+
+    def interrupted(self) -> None:
+        """A poll failed: the previous poll's turn is not measured (it would count the backoff)."""
+        self._last = None
 
     def took(self, records: int, seconds: float) -> None:
         """A poll of `records` took `seconds` of the pipeline's time: from its arrival to the next
@@ -70,12 +82,12 @@ class Pipeline:
         backoff = 0.1
         inflight: asyncio.Task | None = None  # the previous poll being applied
         size = PollSize(self.settings.batch_max_records)
-        last: tuple[int, float] | None = None  # the previous poll's records and when it came
         while not self.stopping.is_set():
             try:
                 batches = await self.kafka.poll(size.records, timeout_ms=200)
             except Exception as exc:  # noqa: BLE001 - the client retries; we back off and report not ready
                 log.warning("kafka poll failed", extra={"error": repr(exc)})
+                size.interrupted()
                 await asyncio.sleep(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
                 continue
@@ -83,10 +95,7 @@ class Pipeline:
             work = [(tp, records) for tp, records in batches.items() if records]
             # a poll's turn: from its records' arrival to the next poll's, all of it (staging, the wait
             # for the previous poll's apply, the other tasks of the event loop), as a label waits it
-            now = time.perf_counter()
-            if last is not None:
-                size.took(last[0], now - last[1])
-            last = (sum(len(records) for _, records in work), now)
+            size.arrived(sum(len(records) for _, records in work), time.perf_counter())
             # The event times accepted, from the wall clock once per poll (and kept when the poll is
             # redone after a Redis failure, so a retry judges each record as the first try did).
             window = self.settings.event_time_window(int(time.time() * 1000))
