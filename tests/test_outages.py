@@ -281,7 +281,7 @@ def test_redis_errors_are_exported_from_the_start():
     misses that failure and a short outage never fires StratameterRedisFailing), in the service's
     counter as in the bridge's; a count under an operation not listed is still exported."""
     from stratameter.app.failures import REDIS_ERROR_CAUSES, REDIS_OPERATIONS
-    from stratameter.metrics.exposition import redis_errors_family
+    from stratameter.metrics.redis_errors import redis_errors_family
 
     family = redis_errors_family("stratameter_redis_errors", "process", REDIS_OPERATIONS,
                                  {("ingest", "out_of_memory"): 2, ("other", "unavailable"): 1})

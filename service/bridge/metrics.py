@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from ..metrics.exposition import redis_errors_family
+from ..metrics.redis_errors import redis_errors_family
 from .mapping import WEBHOOK_ERRORS
 
 REQUEST_OUTCOMES = ("task_created", "task_exists", "expired", "invalid", "rejected")

@@ -15,7 +15,8 @@ from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
 from ..api.views import classifier_view
-from ..app.failures import OUTAGES, REDIS_ERROR_CAUSES, REDIS_OPERATIONS
+from ..app.failures import OUTAGES, REDIS_OPERATIONS
+from .redis_errors import redis_errors_family
 
 
 #: classifiers read at once per scrape
@@ -107,23 +108,6 @@ class SnapshotCollector:
         dropped = CounterMetricFamily("stratameter_dead_letters_dropped", "Dead letters not produced (rate limit)")
         dropped.add_metric([], self.dropped)
         return invalid, lag, dropped
-
-
-def redis_errors_family(name: str, where: str, operations: tuple[str, ...],
-                        counts: dict[tuple[str, str], int]) -> CounterMetricFamily:
-    """``<name>_total{operation,cause}``: the Redis calls that failed in this `where` (the
-    service's process, the bridge), by operation and cause (`failures.redis_error_cause`), from
-    `counts`.  Every series from the start, at 0: a series that appears at its first failure
-    shows no ``increase()`` for it, and a short outage would never fire the alert on it."""
-    family = CounterMetricFamily(
-        name, f"Redis calls that failed in this {where}, by operation ({', '.join(operations)}) and cause: "
-        "out_of_memory (Redis at its maxmemory refuses writes), read_only (a replica), unavailable (down, "
-        "unreachable, timed out); the work is retried", labels=["operation", "cause"])
-    counts = dict(counts)  # a snapshot: the bridge passes its live counts
-    every = [(operation, cause) for operation in operations for cause in REDIS_ERROR_CAUSES]
-    for key in every + sorted(set(counts) - set(every)):
-        family.add_metric(list(key), counts.get(key, 0))
-    return family
 
 
 def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
