@@ -170,6 +170,17 @@ def test_chart_bridge_is_off_by_default_and_needs_its_token_secret():
         helm.Chart.load(CHART).render({"bridge": {"enabled": True}}, name="sm", namespace="ml")
 
 
+def test_chart_refuses_a_poll_lag_alert_at_or_below_the_poll_interval():
+    """The lag reaches the poll interval between two polls: such an alert would always fire."""
+    helm = pytest.importorskip("helm_python")
+    values = _full(labelStudio={"tokenSecret": {"name": "ls-token"}, "pollSeconds": 30})
+    values["prometheusRule"]["bridge"] = {"pollLag": {"maxSeconds": 30}}
+    with pytest.raises(helm.HelmError, match=r"pollLag.maxSeconds \(30\) must exceed bridge.labelStudio.pollSeconds"):
+        helm.Chart.load(CHART).render(values, name="sm", namespace="ml")
+    values["prometheusRule"]["bridge"]["pollLag"]["maxSeconds"] = 31
+    assert [d for d in _render(values) if d["kind"] == "PrometheusRule"]
+
+
 def test_chart_bridge_renders_valid_objects_apart_from_the_service(tmp_path):
     kv = pytest.importorskip("kubernetes_validate", reason="PyPI kubernetes-validate not installed")
     helm = pytest.importorskip("helm_python")
