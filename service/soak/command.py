@@ -8,9 +8,16 @@ through the proxy.  A producer sends score records at `--rate` per second
 answers every label request from ground truth.  Every `--fault-every` seconds
 one fault, in turn: SIGKILL the service and restart it; stop the proxy for
 `--outage` seconds; stop Redis for `--outage` seconds.  At the end: records in
-vs records counted, labels answered vs folded, max RSS of the service, max
-Redis memory, and the seconds /readyz was not 200.  Exit code 1 if a count
-differs.
+vs records counted, labels answered vs folded, the same two read off every
+stratum of every chunk (on both sides of the threshold with `--metrics` naming
+recall, F1 or accuracy), max RSS of the service, max Redis memory, and the
+seconds /readyz was not 200.  Exit code 1 if a count differs.
+
+`--metrics` (STRATAMETER_METRICS of the service, default precision): with a
+metric that needs the predicted negatives, the records carry no
+``predicted_positive`` and the service's 0.5 threshold splits them about in
+half, so the negatives' state (its own chunks, strata, reservoirs, offsets and
+label requests) goes through the same faults.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import IO
 from stratameter.schemas.parse import score_record_bytes
 
 from ..api.client import http_json
+from ..stats.confusion import needs_negatives, parse_metrics
 
 #: injected in turn, one every `--fault-every` seconds
 FAULTS = ("kill-9 service", "kafka outage", "redis outage")
@@ -42,8 +50,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--classifiers", type=int, default=5)
     p.add_argument("--fault-every", type=float, default=60.0, help="seconds between faults (default 60)")
     p.add_argument("--outage", type=float, default=15.0, help="seconds a broker/Redis outage lasts (default 15)")
+    p.add_argument("--metrics", type=_metrics, default="precision",
+                   help="the service's STRATAMETER_METRICS (default precision); with recall, f1 or accuracy the "
+                        "records are split by the 0.5 threshold and both sides' state is checked")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.set_defaults(handler=main)
+
+
+def _metrics(text: str) -> str:
+    try:
+        return ",".join(parse_metrics(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(args) -> int:
@@ -52,7 +70,7 @@ def main(args) -> int:
               "--fault-every > --outage", file=sys.stderr)
         return 2
     report = asyncio.run(soak(args.minutes * 60, args.rate, args.classifiers, args.fault_every, args.outage,
-                              quiet=args.json))
+                              quiet=args.json, metrics=args.metrics))
     print(json.dumps(report) if args.json else "\n".join(f"{k:>28}: {v}" for k, v in report.items()))
     return 0 if report["exact"] else 1
 
@@ -75,9 +93,13 @@ class _Traffic:
     truth: dict[str, int] = field(default_factory=dict)  # item -> label
     answered: dict[str, bool | None] = field(default_factory=dict)  # request id -> label
     records: int = 0  # score records sent
+    closed: bool = False  # the reviewer has stopped: later requests stay unanswered
 
-    def answer(self, request) -> bool:
-        """The item's true label; a request seen again gets the same answer."""
+    def answer(self, request):
+        """The item's true label; a request seen again gets the same answer; none once `closed`
+        (Ellipsis: `embedded.answer_label_requests` sends nothing)."""
+        if self.closed:
+            return ...
         return self.answered.setdefault(request.request_id, bool(self.truth[request.item_id]))
 
     def answered_count(self) -> int:
@@ -119,17 +141,22 @@ class _Service:
         self.log.close()
 
 
-def _service_env(bootstrap: str, redis_url: str, port: int, topics: dict[str, str]) -> dict[str, str]:
+#: The service's Redis key prefix in the soak (`_strata_counts` reads its state under it).
+KEY_PREFIX = "soak"
+
+
+def _service_env(bootstrap: str, redis_url: str, port: int, topics: dict[str, str], metrics: str) -> dict[str, str]:
     return {**os.environ, **{f"STRATAMETER_{k}": v for k, v in {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "KAFKA_SESSION_TIMEOUT_MS": "6000",
-        "REDIS_URL": redis_url, "HTTP_PORT": str(port), "HTTP_HOST": "127.0.0.1", "LOG_LEVEL": "WARNING",
+        "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": KEY_PREFIX, "METRICS": metrics,
+        "HTTP_PORT": str(port), "HTTP_HOST": "127.0.0.1", "LOG_LEVEL": "WARNING",
         "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
         "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "CHUNK_SECONDS": "120",
         "DELTA": "0.03", "MAX_LABELS_PER_HOUR": "100000", "INSTANCE_ID": "soak"}.items()}}
 
 
 async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: float, outage: float,
-               quiet: bool = False) -> dict:
+               quiet: bool = False, metrics: str = "precision") -> dict:
     from aiokafka import AIOKafkaProducer
     from redis.asyncio import Redis
 
@@ -137,19 +164,22 @@ async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: fl
 
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     traffic = _Traffic([f"soak-{i}" for i in range(n_classifiers)])
+    both_sides = needs_negatives(metrics.split(","))
     topics = {"scores": "soak.scores", "requests": "soak.requests", "labels": "soak.labels", "dlq": "soak.dlq"}
     work = Path(tempfile.mkdtemp(prefix="stratameter-soak-"))
     with EmbeddedKafka() as kafka, EmbeddedKafkaProxy(kafka.bootstrap) as proxy, \
             EmbeddedRedis(extra_args=["--appendonly", "yes", "--appendfsync", "everysec"]) as redis:
         await create_topics(kafka.bootstrap, list(topics.values()), partitions=6)
         port = find_free_port()
-        service = _Service(_service_env(proxy.bootstrap, redis.url, port, topics), open(work / "service.log", "ab"))
+        service = _Service(_service_env(proxy.bootstrap, redis.url, port, topics, metrics),
+                           open(work / "service.log", "ab"))
         producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=False, linger_ms=20)
         await producer.start()
         watch, stop = _Watch(), asyncio.Event()
         redis_client = Redis.from_url(redis.url, socket_timeout=2)
         tasks = [asyncio.create_task(c) for c in (
-            _produce(producer, topics["scores"], traffic, rate, stop), _review(kafka.bootstrap, topics, producer, traffic),
+            _produce(producer, topics["scores"], traffic, rate, stop, both_sides),
+            _review(kafka.bootstrap, topics, producer, traffic),
             _observe(port, service, redis_client, watch, stop))]
         t_end = time.monotonic() + duration_s
         try:
@@ -159,8 +189,15 @@ async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: fl
             await asyncio.sleep(max(0.0, t_end - time.monotonic()))
             stop.set()
             await tasks[0]
-            say(f"[{time.strftime('%H:%M:%S')}] load stopped after {traffic.records} records; draining")
+            # the request loop goes on sampling the open chunks: the reviewer stops too, so the answers
+            # the counts are checked against stop growing (an answer is recorded before it is sent,
+            # and sending only queues it: the flush sends the last)
+            traffic.closed = True
+            await producer.flush()
+            say(f"[{time.strftime('%H:%M:%S')}] load and answers stopped after {traffic.records} records, "
+                f"{traffic.answered_count()} answers; draining")
             counted, folded = await _drain(port, traffic.classifiers, traffic.records, traffic.answered_count, 180)
+            strata = await _strata_counts(redis_client, traffic.classifiers, both_sides)
         finally:
             stop.set()
             for t in tasks[1:]:
@@ -169,12 +206,14 @@ async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: fl
             service.terminate()
             await producer.stop()
             await redis_client.aclose()
-        return _report(duration_s, rate, traffic, watch, counted, folded)
+        return _report(duration_s, rate, metrics, traffic, watch, counted, folded, strata)
 
 
-async def _produce(producer, topic: str, traffic: _Traffic, rate: int, stop: asyncio.Event) -> None:
+async def _produce(producer, topic: str, traffic: _Traffic, rate: int, stop: asyncio.Event, both_sides: bool
+                   ) -> None:
     """Score records at `rate` per second over the classifiers, each item's truth drawn
-    (deterministically) more often positive the higher its score; flushed once stopped."""
+    (deterministically) more often positive the higher its score; flushed once stopped.  Every
+    record predicted positive, or with `both_sides` none says (the service's threshold decides)."""
     t0, i = time.monotonic(), 0
     n_classifiers = len(traffic.classifiers)
     while not stop.is_set():
@@ -185,7 +224,7 @@ async def _produce(producer, topic: str, traffic: _Traffic, rate: int, stop: asy
             item = f"{cid}#{i}"
             traffic.truth[item] = int((i * 104729 % 10007) / 10007 < 0.4 + 0.6 * score)
             await producer.send(topic, key=cid.encode(), value=score_record_bytes(
-                cid, item, score, predicted_positive=True, event_time=int(time.time() * 1000)))
+                cid, item, score, predicted_positive=None if both_sides else True, event_time=int(time.time() * 1000)))
             i += 1
         traffic.records = i
         await asyncio.sleep(0.05)
@@ -233,14 +272,36 @@ async def _inject_faults(service: _Service, backends: dict, fault_every: float, 
         n += 1
 
 
-def _report(duration_s: float, rate: int, traffic: _Traffic, watch: _Watch, counted: int, folded: int) -> dict:
+async def _strata_counts(redis_client, classifiers: list[str], both_sides: bool) -> dict[str, int]:
+    """Items and labelled items summed over every stratum of every chunk the soak's classifiers
+    keep (both sides' with `both_sides`; the predicted negatives' share apart too): each record is
+    in exactly one stratum of one side and each folded label in one, so the sums must equal the
+    records sent and the labels folded (chunk summaries are kept for HISTORY_CHUNKS chunks of
+    120 s, longer than any soak here)."""
+    from ..state.keys import negatives_of
+    from ..state.store import Store
+
+    store = Store(redis_client, KEY_PREFIX)
+    out = dict.fromkeys(("items", "labels", "negative_items", "negative_labels"), 0)
+    for cid in classifiers:
+        for sid, side in [(cid, ""), (negatives_of(cid), "negative_")][:2 if both_sides else 1]:
+            for chunk in await store.chunks(sid, await store.chunk_ids(sid)):
+                out[side + "items"] += int(chunk.N.sum())
+                out[side + "labels"] += int(chunk.n.sum())
+    return {"items": out["items"] + out["negative_items"], "labels": out["labels"] + out["negative_labels"],
+            "negative_items": out["negative_items"], "negative_labels": out["negative_labels"]}
+
+
+def _report(duration_s: float, rate: int, metrics: str, traffic: _Traffic, watch: _Watch, counted: int,
+            folded: int, strata: dict[str, int]) -> dict:
     answered = traffic.answered_count()
     return {
         "duration_s": round(duration_s), "rate_per_s": rate, "classifiers": len(traffic.classifiers),
-        "faults": len(watch.faults), "fault_kinds": sorted(set(watch.faults)),
-        "records_in": traffic.records, "records_counted": counted,
-        "labels_answered": answered, "labels_folded": folded,
-        "exact": counted == traffic.records and folded == answered,
+        "metrics": metrics, "faults": len(watch.faults), "fault_kinds": sorted(set(watch.faults)),
+        "records_in": traffic.records, "records_counted": counted, "strata_items": strata["items"],
+        "labels_answered": answered, "labels_folded": folded, "strata_labels": strata["labels"],
+        "strata_items_negative": strata["negative_items"], "strata_labels_negative": strata["negative_labels"],
+        "exact": (counted == strata["items"] == traffic.records) and (folded == strata["labels"] == answered),
         "max_rss_mib": round(watch.max_rss / 2**20, 1),
         "max_redis_used_memory_mib": round(watch.max_redis / 2**20, 1),
         "not_ready_s": watch.not_ready_s,
