@@ -37,7 +37,8 @@ from typing import IO
 from stratameter.schemas.parse import score_record_bytes
 
 from ..api.client import http_json
-from ..stats.confusion import needs_negatives, parse_metrics
+from ..config.checks import metric_list
+from ..stats.confusion import needs_negatives
 
 #: injected in turn, one every `--fault-every` seconds
 FAULTS = ("kill-9 service", "kafka outage", "redis outage")
@@ -58,8 +59,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _metrics(text: str) -> str:
+    """`--metrics`, checked and made canonical as STRATAMETER_METRICS is (`config.checks.metric_list`)."""
     try:
-        return ",".join(parse_metrics(text))
+        return metric_list(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -282,14 +284,18 @@ async def _strata_counts(redis_client, classifiers: list[str], both_sides: bool)
     from ..state.store import Store
 
     store = Store(redis_client, KEY_PREFIX)
-    out = dict.fromkeys(("items", "labels", "negative_items", "negative_labels"), 0)
-    for cid in classifiers:
-        for sid, side in [(cid, ""), (negatives_of(cid), "negative_")][:2 if both_sides else 1]:
+
+    async def totals(sids: list[str]) -> tuple[int, int]:
+        items = labels = 0
+        for sid in sids:
             for chunk in await store.chunks(sid, await store.chunk_ids(sid)):
-                out[side + "items"] += int(chunk.N.sum())
-                out[side + "labels"] += int(chunk.n.sum())
-    return {"items": out["items"] + out["negative_items"], "labels": out["labels"] + out["negative_labels"],
-            "negative_items": out["negative_items"], "negative_labels": out["negative_labels"]}
+                items, labels = items + int(chunk.N.sum()), labels + int(chunk.n.sum())
+        return items, labels
+
+    items, labels = await totals(classifiers)
+    negative_items, negative_labels = await totals([negatives_of(c) for c in classifiers] if both_sides else [])
+    return {"items": items + negative_items, "labels": labels + negative_labels,
+            "negative_items": negative_items, "negative_labels": negative_labels}
 
 
 def _report(duration_s: float, rate: int, metrics: str, traffic: _Traffic, watch: _Watch, counted: int,
