@@ -10,14 +10,22 @@ one fault, in turn: SIGKILL the service and restart it; stop the proxy for
 `--outage` seconds; stop Redis for `--outage` seconds.  At the end: records in
 vs records counted, labels answered vs folded, the same two read off every
 stratum of every chunk (on both sides of the threshold with `--metrics` naming
-recall, F1 or accuracy), max RSS of the service, max Redis memory, and the
-seconds /readyz was not 200.  Exit code 1 if a count differs.
+recall, F1 or accuracy), the service's RSS and Redis' used memory (the most, and
+the most in each minute, so growth over a long soak shows), and the seconds
+/readyz was not 200.  Exit code 1 if a count differs.
 
 `--metrics` (STRATAMETER_METRICS of the service, default precision): with a
 metric that needs the predicted negatives, the records carry no
 ``predicted_positive`` and the service's 0.5 threshold splits them about in
 half, so the negatives' state (its own chunks, strata, reservoirs, offsets and
 label requests) goes through the same faults.
+
+`--chunk-seconds` and `--chunk-retention` (the service's CHUNK_SECONDS, default
+120 here, and CHUNK_RETENTION, default the service's): short chunks and a short
+retention make a soak of minutes open, close and purge the many chunks a
+service opens in days, so the purges go through the faults too and the memory
+series shows whether anything grows with the chunks.  HISTORY_CHUNKS is raised
+to hold every chunk of the soak, so the strata's sums still cover every record.
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ from ..stats.confusion import needs_negatives
 
 #: injected in turn, one every `--fault-every` seconds
 FAULTS = ("kill-9 service", "kafka outage", "redis outage")
+#: the service's chunk length in the soak unless `--chunk-seconds` says otherwise
+CHUNK_SECONDS = 120
+#: seconds `_drain` waits at most for the last counts
+DRAIN_SECONDS = 180
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +66,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", type=_metrics, default="precision",
                    help="the service's STRATAMETER_METRICS (default precision); with recall, f1 or accuracy the "
                         "records are split by the 0.5 threshold and both sides' state is checked")
+    p.add_argument("--chunk-seconds", type=int, default=CHUNK_SECONDS,
+                   help=f"the service's STRATAMETER_CHUNK_SECONDS (default {CHUNK_SECONDS})")
+    p.add_argument("--chunk-retention", type=int, default=None,
+                   help="the service's STRATAMETER_CHUNK_RETENTION, chunks whose reservoirs are kept (default the "
+                        "service's)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.set_defaults(handler=main)
 
@@ -67,12 +84,14 @@ def _metrics(text: str) -> str:
 
 
 def main(args) -> int:
-    if args.minutes <= 0 or args.rate < 1 or args.classifiers < 1 or args.fault_every <= args.outage:
+    if (args.minutes <= 0 or args.rate < 1 or args.classifiers < 1 or args.fault_every <= args.outage
+            or args.chunk_seconds < 1 or (args.chunk_retention is not None and args.chunk_retention < 1)):
         print("stratameter soak: error: need --minutes > 0, --rate >= 1, --classifiers >= 1, "
-              "--fault-every > --outage", file=sys.stderr)
+              "--fault-every > --outage, --chunk-seconds >= 1, --chunk-retention >= 1", file=sys.stderr)
         return 2
     report = asyncio.run(soak(args.minutes * 60, args.rate, args.classifiers, args.fault_every, args.outage,
-                              quiet=args.json, metrics=args.metrics))
+                              quiet=args.json, metrics=args.metrics, chunk_seconds=args.chunk_seconds,
+                              chunk_retention=args.chunk_retention))
     print(json.dumps(report) if args.json else "\n".join(f"{k:>28}: {v}" for k, v in report.items()))
     return 0 if report["exact"] else 1
 
@@ -110,12 +129,20 @@ class _Traffic:
 
 @dataclass
 class _Watch:
-    """What `_observe` and the faults saw."""
+    """What `_observe` and the faults saw: the service's RSS and Redis' used memory, the most
+    in each minute of the soak (bytes), and the seconds `/readyz` said not ready."""
 
-    max_rss: int = 0
-    max_redis: int = 0
+    rss_by_minute: list[int] = field(default_factory=list)
+    redis_by_minute: list[int] = field(default_factory=list)
     not_ready_s: float = 0.0
     faults: list[str] = field(default_factory=list)
+
+    def note(self, minute: int, rss: int, redis: int | None) -> None:
+        for series, value in ((self.rss_by_minute, rss), (self.redis_by_minute, redis)):
+            while len(series) <= minute:
+                series.append(0)
+            if value is not None:
+                series[minute] = max(series[minute], value)
 
 
 class _Service:
@@ -147,18 +174,34 @@ class _Service:
 KEY_PREFIX = "soak"
 
 
-def _service_env(bootstrap: str, redis_url: str, port: int, topics: dict[str, str], metrics: str) -> dict[str, str]:
+def _service_env(bootstrap: str, redis_url: str, port: int, topics: dict[str, str], metrics: str,
+                 chunks: dict[str, str]) -> dict[str, str]:
+    """The service's settings; `chunks`: CHUNK_SECONDS and the like (`_chunk_settings`)."""
     return {**os.environ, **{f"STRATAMETER_{k}": v for k, v in {
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "KAFKA_SESSION_TIMEOUT_MS": "6000",
         "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": KEY_PREFIX, "METRICS": metrics,
         "HTTP_PORT": str(port), "HTTP_HOST": "127.0.0.1", "LOG_LEVEL": "WARNING",
         "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
-        "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "CHUNK_SECONDS": "120",
+        "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], **chunks,
         "DELTA": "0.03", "MAX_LABELS_PER_HOUR": "100000", "INSTANCE_ID": "soak"}.items()}}
 
 
+def _chunk_settings(duration_s: float, chunk_seconds: int, chunk_retention: int | None) -> dict[str, str]:
+    """CHUNK_SECONDS, CHUNK_RETENTION if given, and HISTORY_CHUNKS large enough that no chunk the
+    soak opens (through its drain) loses its summary, which `_strata_counts` sums."""
+    from ..config.settings import Settings
+
+    spanned = int((duration_s + DRAIN_SECONDS) // chunk_seconds) + 2
+    out = {"CHUNK_SECONDS": str(chunk_seconds),
+           "HISTORY_CHUNKS": str(max(spanned, Settings.model_fields["history_chunks"].default))}
+    if chunk_retention is not None:
+        out["CHUNK_RETENTION"] = str(chunk_retention)
+    return out
+
+
 async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: float, outage: float,
-               quiet: bool = False, metrics: str = "precision") -> dict:
+               quiet: bool = False, metrics: str = "precision", chunk_seconds: int = CHUNK_SECONDS,
+               chunk_retention: int | None = None) -> dict:
     from aiokafka import AIOKafkaProducer
     from redis.asyncio import Redis
 
@@ -173,7 +216,8 @@ async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: fl
             EmbeddedRedis(extra_args=["--appendonly", "yes", "--appendfsync", "everysec"]) as redis:
         await create_topics(kafka.bootstrap, list(topics.values()), partitions=6)
         port = find_free_port()
-        service = _Service(_service_env(proxy.bootstrap, redis.url, port, topics, metrics),
+        chunks = _chunk_settings(duration_s, chunk_seconds, chunk_retention)
+        service = _Service(_service_env(proxy.bootstrap, redis.url, port, topics, metrics, chunks),
                            open(work / "service.log", "ab"))
         producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=False, linger_ms=20)
         await producer.start()
@@ -198,7 +242,8 @@ async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: fl
             await producer.flush()
             say(f"[{time.strftime('%H:%M:%S')}] load and answers stopped after {traffic.records} records, "
                 f"{traffic.answered_count()} answers; draining")
-            counted, folded = await _drain(port, traffic.classifiers, traffic.records, traffic.answered_count, 180)
+            counted, folded = await _drain(port, traffic.classifiers, traffic.records, traffic.answered_count,
+                                           DRAIN_SECONDS)
             strata = await _strata_counts(redis_client, traffic.classifiers, both_sides)
         finally:
             stop.set()
@@ -208,7 +253,7 @@ async def soak(duration_s: float, rate: int, n_classifiers: int, fault_every: fl
             service.terminate()
             await producer.stop()
             await redis_client.aclose()
-        return _report(duration_s, rate, metrics, traffic, watch, counted, folded, strata)
+        return _report(duration_s, rate, metrics, chunks, traffic, watch, counted, folded, strata)
 
 
 async def _produce(producer, topic: str, traffic: _Traffic, rate: int, stop: asyncio.Event, both_sides: bool
@@ -242,16 +287,17 @@ async def _review(bootstrap: str, topics: dict[str, str], producer, traffic: _Tr
 
 
 async def _observe(port: int, service: _Service, redis_client, watch: _Watch, stop: asyncio.Event) -> None:
-    """Once a second: is the service ready, its RSS, Redis' used memory."""
+    """Once a second: is the service ready, its RSS, Redis' used memory (`_Watch.note`)."""
+    t0 = time.monotonic()
     while not stop.is_set():
         status, _ = await http_json(port, "/readyz")
         if status != 200:
             watch.not_ready_s += 1.0
-        watch.max_rss = max(watch.max_rss, _rss_bytes(service.proc.pid))
         try:
-            watch.max_redis = max(watch.max_redis, int((await redis_client.info("memory"))["used_memory"]))
+            redis_memory = int((await redis_client.info("memory"))["used_memory"])
         except Exception:  # noqa: BLE001 - Redis is down during its fault
-            pass
+            redis_memory = None
+        watch.note(int((time.monotonic() - t0) // 60), _rss_bytes(service.proc.pid), redis_memory)
         await asyncio.sleep(1.0)
 
 
@@ -278,40 +324,53 @@ async def _strata_counts(redis_client, classifiers: list[str], both_sides: bool)
     """Items and labelled items summed over every stratum of every chunk the soak's classifiers
     keep (both sides' with `both_sides`; the predicted negatives' share apart too): each record is
     in exactly one stratum of one side and each folded label in one, so the sums must equal the
-    records sent and the labels folded (chunk summaries are kept for HISTORY_CHUNKS chunks of
-    120 s, longer than any soak here)."""
+    records sent and the labels folded (`_chunk_settings` keeps every chunk's summary).  Also the
+    chunks, and those the retention purged (`Store.purge_chunks`: their histogram is gone)."""
     from ..state.keys import negatives_of
     from ..state.store import Store
 
     store = Store(redis_client, KEY_PREFIX)
+    out = dict.fromkeys(("items", "labels", "negative_items", "negative_labels", "chunks", "chunks_purged"), 0)
 
-    async def totals(sids: list[str]) -> tuple[int, int]:
-        items = labels = 0
+    async def add(sids: list[str], side: str) -> None:
         for sid in sids:
-            for chunk in await store.chunks(sid, await store.chunk_ids(sid)):
-                items, labels = items + int(chunk.N.sum()), labels + int(chunk.n.sum())
-        return items, labels
+            ids = await store.chunk_ids(sid)
+            for chunk in await store.chunks(sid, ids):
+                out[f"{side}items"] += int(chunk.N.sum())
+                out[f"{side}labels"] += int(chunk.n.sum())
+            out["chunks"] += len(ids)
+            out["chunks_purged"] += sum([not await redis_client.exists(store.keys.chunk_bins(sid, t)) for t in ids])
 
-    items, labels = await totals(classifiers)
-    negative_items, negative_labels = await totals([negatives_of(c) for c in classifiers] if both_sides else [])
-    return {"items": items + negative_items, "labels": labels + negative_labels,
-            "negative_items": negative_items, "negative_labels": negative_labels}
+    await add(classifiers, "")
+    await add([negatives_of(c) for c in classifiers] if both_sides else [], "negative_")
+    out["items"] += out["negative_items"]
+    out["labels"] += out["negative_labels"]
+    return out
 
 
-def _report(duration_s: float, rate: int, metrics: str, traffic: _Traffic, watch: _Watch, counted: int,
-            folded: int, strata: dict[str, int]) -> dict:
+def _report(duration_s: float, rate: int, metrics: str, chunks: dict[str, str], traffic: _Traffic, watch: _Watch,
+            counted: int, folded: int, strata: dict[str, int]) -> dict:
     answered = traffic.answered_count()
     return {
         "duration_s": round(duration_s), "rate_per_s": rate, "classifiers": len(traffic.classifiers),
-        "metrics": metrics, "faults": len(watch.faults), "fault_kinds": sorted(set(watch.faults)),
+        "metrics": metrics, "chunk_seconds": int(chunks["CHUNK_SECONDS"]),
+        "chunk_retention": int(chunks["CHUNK_RETENTION"]) if "CHUNK_RETENTION" in chunks else None,
+        "faults": len(watch.faults), "fault_kinds": sorted(set(watch.faults)),
         "records_in": traffic.records, "records_counted": counted, "strata_items": strata["items"],
         "labels_answered": answered, "labels_folded": folded, "strata_labels": strata["labels"],
         "strata_items_negative": strata["negative_items"], "strata_labels_negative": strata["negative_labels"],
+        "chunks": strata["chunks"], "chunks_purged": strata["chunks_purged"],
         "exact": (counted == strata["items"] == traffic.records) and (folded == strata["labels"] == answered),
-        "max_rss_mib": round(watch.max_rss / 2**20, 1),
-        "max_redis_used_memory_mib": round(watch.max_redis / 2**20, 1),
+        "max_rss_mib": _mib(max(watch.rss_by_minute, default=0)),
+        "max_redis_used_memory_mib": _mib(max(watch.redis_by_minute, default=0)),
+        "rss_mib_by_minute": list(map(_mib, watch.rss_by_minute)),
+        "redis_used_memory_mib_by_minute": list(map(_mib, watch.redis_by_minute)),
         "not_ready_s": watch.not_ready_s,
     }
+
+
+def _mib(n_bytes: int) -> float:
+    return round(n_bytes / 2**20, 1)
 
 
 async def _drain(port: int, classifiers, expected: int, answered, timeout: float) -> tuple[int, int]:
