@@ -339,7 +339,9 @@ async def _strata_counts(redis_client, classifiers: list[str], both_sides: bool)
                 out[f"{side}items"] += int(chunk.N.sum())
                 out[f"{side}labels"] += int(chunk.n.sum())
             out["chunks"] += len(ids)
-            out["chunks_purged"] += sum([not await redis_client.exists(store.keys.chunk_bins(sid, t)) for t in ids])
+            if ids:  # one EXISTS for the state's chunks: it counts the keys present
+                out["chunks_purged"] += len(ids) - await redis_client.exists(*(store.keys.chunk_bins(sid, t)
+                                                                                for t in ids))
 
     await add(classifiers, "")
     await add([negatives_of(c) for c in classifiers] if both_sides else [], "negative_")
