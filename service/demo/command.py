@@ -57,7 +57,9 @@ def main(args) -> int:
     from rich.console import Console
 
     from ..embedded import BackendError
-    from .orchestra import Demo, DemoError, DemoOptions
+    from .launch import DemoError
+    from .options import DemoOptions
+    from .orchestra import Demo
     from .view import summary_table
 
     people = args.reviewers == "label-studio"

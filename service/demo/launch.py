@@ -12,12 +12,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from ..api.client import http_get
-
-if TYPE_CHECKING:
-    from .orchestra import DemoOptions
+from .options import DemoOptions
 
 Backend = TypeVar("Backend")
 

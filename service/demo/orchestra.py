@@ -20,7 +20,6 @@ import signal
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,34 +33,13 @@ from ..config import ConfigError, load_settings
 from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, start_group_consumer
 from . import view
 from .launch import DemoError, ServiceProcess, service_env, start_embedded
+from .options import DemoOptions
 from .scenarios import SCENARIOS, THRESHOLD, GroundTruth, chunk_of
 
 REVIEWERS = ("ana", "bo", "chen", "dara")
 TICK_S = 0.1
 CLIENT_STOP_S = 10.0  # the demo's producer and reviewer; the service gets 15 s (`ServiceProcess.stop`)
 LAST_READ_S = 2.0  # the service's figures for the summary, once stopped: they are a read away
-
-
-@dataclass
-class DemoOptions:
-    duration: float | None = None
-    json: bool = False
-    kafka: str | None = None
-    redis: str | None = None
-    port: int | None = None
-    chunk_seconds: int = 20
-    rate: float = 100.0
-    delta: float = 0.05
-    confidence: float = 0.95
-    strata: int = 4
-    round_labels: int = 4
-    min_delay: float = 0.05
-    max_delay: float = 1.0
-    skip: float = 0.05
-    settle: float = 10.0
-    seed: int | None = None
-    reviewers: str = "simulated"  # or "label-studio": people label in a local Label Studio (the bridge)
-    label_timeout: float = 30.0
 
 
 class Demo:

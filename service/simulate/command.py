@@ -1,12 +1,11 @@
-"""`stratameter simulate`: argument handling, progress, table, JSON and plot
-(and, with ``--stream``, the stream design of `stream`)."""
+"""`stratameter simulate`: its arguments, and the precision study's progress, table, JSON and plot;
+``--stream`` goes to `stream_command`, ``--metric recall|f1|accuracy`` to `whole_command`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import math
 import sys
 
 import numpy as np
@@ -14,16 +13,13 @@ import numpy as np
 from ..stats.allocation import ALLOCATIONS
 from ..stats.confusion import METRICS
 from ..stats.strata import STRATIFICATIONS
-from .arrivals import SCENARIOS, StreamSettings
+from . import stream_command
+from .arrivals import SCENARIOS
 from .engine import Protocol
+from .options import STATIC_DELTA, STREAM_DELTA, check_common, check_stream, parse_list
 from .populations import BUILTIN, builtin, load
 from .whole_populations import WHOLE_BUILTIN, whole_builtin
-from .stream_study import StreamStudy
 from .study import StudyRequest, as_json, designs_for, run_study, summarise, summarise_budget
-
-STATIC_DELTA = 0.01
-STREAM_DELTA = 0.02  # the service's DELTA
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The `simulate` subcommand: one `add_argument` per option, which is why it runs past 60 lines."""
@@ -109,46 +105,6 @@ def _add_metric_arguments(p: argparse.ArgumentParser) -> None:
                         "both sides (label = the prediction was right), beside the two-sided design")
 
 
-def _list(value: str | None, universe, option: str) -> list[str] | None:
-    """Parse a comma list (or 'all'), raising a ValueError that names `option`."""
-    if value is None:
-        return None
-    if value.strip() == "all":
-        return list(universe)
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [v for v in items if v not in universe]
-    if unknown or not items:
-        got = ", ".join(map(repr, unknown)) if unknown else "nothing"
-        raise ValueError(f"{option}: unknown {got}; choose from {', '.join(universe)} or 'all'")
-    return items
-
-
-STREAM_ONLY = ("scenario", "chunk_seconds", "rate", "review_delay", "skip_rate", "lateness", "max_labels_per_hour")
-
-
-def _check(args) -> None:
-    if args.runs < 2:
-        raise ValueError("--runs must be >= 2")
-    if args.delta is None:
-        args.delta = STREAM_DELTA if args.stream else STATIC_DELTA
-    if not 0 < args.delta < 0.5:
-        raise ValueError("--delta must be in (0, 0.5)")
-    if args.alpha is not None and args.confidence is not None:
-        raise ValueError("--alpha and --confidence: give one of them")
-    if args.confidence is not None:
-        if not 0 < args.confidence < 1:
-            raise ValueError("--confidence must be in (0, 1)")
-        args.alpha = 1.0 - args.confidence
-    if args.alpha is None:
-        args.alpha = 0.05
-    if not 0 < args.alpha < 1:
-        raise ValueError("--alpha must be in (0, 1)")
-    if args.strata < 1:
-        raise ValueError("--strata must be >= 1")
-    if args.budget is not None and args.budget < 2:
-        raise ValueError("--budget must be >= 2")
-
-
 def _main_calibration(args, pop) -> int:
     """`--calibration`: precision on `pop`'s predicted positives, or with `--metric` another metric
     on a whole-stream `pop` (strata on both sides of the threshold)."""
@@ -172,51 +128,6 @@ def _main_calibration(args, pop) -> int:
     return 0
 
 
-def _check_stream(args) -> None:
-    if not args.stream:
-        given = [name for name in STREAM_ONLY if getattr(args, name) is not None]
-        if given:
-            raise ValueError(f"--{given[0].replace('_', '-')} needs --stream")
-        return
-    for option, value in (("--budget", args.budget), ("--methods", args.methods), ("--plot", args.plot),
-                          ("--stratifications", args.stratifications)):
-        if value is not None:
-            raise ValueError(f"{option} does not apply with --stream (the stream design is the default design)")
-    if args.without_replacement:
-        raise ValueError("--without-replacement does not apply with --stream (a chunk is always sampled without "
-                         "replacement)")
-    if args.interval != "wilson":
-        raise ValueError("--interval does not apply with --stream (the service reports the Wilson interval)")
-    if args.chunk_seconds is not None and not args.chunk_seconds >= 1:
-        raise ValueError("--chunk-seconds must be >= 1")
-    if args.rate is not None and not args.rate > 0:
-        raise ValueError("--rate must be > 0")
-    if (args.rate or 1.0) * (args.chunk_seconds or 3600.0) < 1:
-        raise ValueError("--rate x --chunk-seconds must be at least one item per chunk")
-    if args.skip_rate is not None and not 0 <= args.skip_rate < 1:
-        raise ValueError("--skip-rate must be in [0, 1)")
-    if args.lateness is not None and not args.lateness >= 0:
-        raise ValueError("--lateness must be >= 0")
-    if args.max_labels_per_hour is not None and args.max_labels_per_hour < 1:
-        raise ValueError("--max-labels-per-hour must be >= 1")
-    args.review_delay = _delay(args.review_delay)
-    args.scenario = _list(args.scenario, list(SCENARIOS), "--scenario") or ["slow"]
-
-
-def _delay(value: str | None) -> tuple[float, float] | None:
-    """``SECONDS`` or ``LO-HI`` (uniform) as ``(lo, hi)``."""
-    if value is None:
-        return None
-    parts = value.split("-")
-    try:
-        lo, hi = (float(parts[0]), float(parts[0])) if len(parts) == 1 else (float(parts[0]), float(parts[1]))
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or not (0 <= lo <= hi) or not math.isfinite(hi):
-        raise ValueError(f"--review-delay: expected SECONDS or LO-HI with 0 <= LO <= HI, got {value!r}")
-    return lo, hi
-
-
 def main(args) -> int:
     if args.calibration:
         wrong = [o for o, given in (("--budget", args.budget is not None),
@@ -237,7 +148,7 @@ def main(args) -> int:
             from . import whole_command
 
             try:
-                _check(args)
+                check_common(args)
                 pop = whole_command.defined_population(args)
             except ValueError as exc:
                 print(f"stratameter simulate: error: {exc}", file=sys.stderr)
@@ -248,8 +159,8 @@ def main(args) -> int:
 
         return whole_command.main(args)
     try:
-        _check(args)
-        _check_stream(args)
+        check_common(args)
+        check_stream(args)
         if args.negative_stratifications is not None or args.negative_strata != 4 or args.margin_strata:
             raise ValueError("--negative-strata, --negative-stratifications and --margin-strata need --metric "
                              "recall, f1 or accuracy")
@@ -265,15 +176,15 @@ def main(args) -> int:
             pop = type(pop)(pop.name, pop.scores[keep], pop.labels[keep], pop.description, pop.informative)
             if pop.size < 2:
                 raise ValueError(f"--threshold {args.threshold} leaves {pop.size} predicted positives; need at least 2")
-        designs = designs_for(_list(args.methods, ALLOCATIONS, "--methods"),
-                              _list(args.stratifications, STRATIFICATIONS, "--stratifications"),
+        designs = designs_for(parse_list(args.methods, ALLOCATIONS, "--methods"),
+                              parse_list(args.stratifications, STRATIFICATIONS, "--stratifications"),
                               args.strata)
         designs = [type(d)(d.method, d.stratification, d.strata, args.interval) for d in designs]
     except ValueError as exc:
         print(f"stratameter simulate: error: {exc}", file=sys.stderr)
         return 2
     if args.stream:
-        return _main_stream(args, pop)
+        return stream_command.main(args, pop)
     if args.calibration:
         return _main_calibration(args, pop)
     protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha,
@@ -292,96 +203,6 @@ def main(args) -> int:
     if args.plot:
         _plot(req, results, args.plot)
     return 0
-
-
-def _main_stream(args, pop) -> int:
-    from . import stream_study
-
-    metric = getattr(args, "metric", "precision")
-    defaults = StreamSettings()
-    settings = StreamSettings(
-        delta=args.delta, confidence=args.confidence if args.confidence is not None else 1.0 - args.alpha,
-        chunk_seconds=args.chunk_seconds or defaults.chunk_seconds, rate=args.rate or defaults.rate,
-        lateness=defaults.lateness if args.lateness is None else args.lateness,
-        max_labels_per_hour=args.max_labels_per_hour, review_delay=args.review_delay, skip_rate=args.skip_rate,
-        strata=args.strata, metric=metric, negative_strata=args.negative_strata,
-    )
-    study = StreamStudy(pop, args.scenario, settings, args.runs, args.seed)
-    try:
-        for name in study.scenarios:  # fail fast on what a scenario cannot do with this population
-            if SCENARIOS[name].drift and metric != "precision":
-                raise ValueError(f"--scenario {name} lowers precision: it applies to --metric precision only")
-            if SCENARIOS[name].drift >= stream_study.population_truth(pop, metric):
-                raise ValueError(f"--scenario {name}: a precision drop of {SCENARIOS[name].drift} needs a "
-                                 f"population precision above it; {pop.name} has {pop.truth:.3f}")
-    except ValueError as exc:
-        print(f"stratameter simulate: error: {exc}", file=sys.stderr)
-        return 2
-    if args.calibration:
-        return _main_stream_calibration(args, study)
-    if args.json or not sys.stderr.isatty():
-        static, rows = stream_study.run_study(study, workers=args.workers)
-    else:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(TextColumn("simulating {task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} (static design and scenarios)"),
-                      TimeElapsedColumn(), transient=True) as bar:
-            task = bar.add_task(pop.name, total=len(study.scenarios) + 1)
-            static, rows = stream_study.run_study(study, lambda done, total: bar.update(task, completed=done), args.workers)
-    if args.json:
-        print(json.dumps(stream_study.as_json(study, static, rows)))
-    else:
-        _print_stream_table(study, static, rows)
-    return 0
-
-
-def _main_stream_calibration(args, study: StreamStudy) -> int:
-    from . import stream_study
-
-    cells = stream_study.run_calibration_study(study, workers=args.workers)
-    if args.json:
-        print(json.dumps(stream_study.calibration_json(study, cells)))
-        return 0
-    s, pop = study.settings, study.population
-    print(f"{pop.name} (precision {pop.truth:.4f}) as a stream: {s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
-          f"delta={s.delta}, confidence={s.confidence:g}, {study.runs} paired runs per scenario "
-          f"(today's estimator / with the calibration)")
-    print(f"{'scenario':<13} {'labels today':>12} {'with calibration':>17} {'saving':>15} "
-          f"{'coverage':>13} {'reached delta':>13} {'active at stop':>15}")
-    for name, c in cells:
-        print(f"{name:<13} {c.labels_plain:>12.1f} {c.labels_calibrated:>17.1f} "
-              f"{100 * c.saving:>+8.1f} ± {100 * c.saving_stderr:.1f} % {c.coverage_plain:>6.3f}/{c.coverage_calibrated:.3f} "
-              f"{c.reached_plain:>6.3f}/{c.reached_calibrated:.3f} {100 * c.active_at_stop:>14.0f}%")
-    return 0
-
-
-def _print_stream_table(study: StreamStudy, static, rows) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from .stream_study import population_truth
-
-    s, pop = study.settings, study.population
-    budget = "no budget" if s.max_labels_per_hour is None else f"{s.max_labels_per_hour} labels/hour"
-    title = (f"{pop.name} ({s.metric} {population_truth(pop, s.metric):.4f}) as a stream: {s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
-             f"lateness {s.lateness:g} s, {budget}; delta={s.delta}, alpha={1 - s.confidence:.2g}, "
-             f"runs={study.runs}; static design: {static.labels_mean:.0f} +- {static.labels_se:.0f} labels")
-    t = Table(title=title)
-    cols = ("scenario", "items", "labels +- se", "reached delta", "InConf (reached)", "cover (closed)",
-            "vs static", "capped", "stop (min)")
-    for col in cols:
-        t.add_column(col, justify="left" if col == "scenario" else "right", no_wrap=True)
-    for r in rows:
-        inconf = "-" if r.in_conf_reached is None else f"{r.in_conf_reached:.3f}"
-        ratio = "-" if r.ratio_vs_static is None else f"{r.ratio_vs_static:.3f}"
-        t.add_row(r.scenario, f"{r.items_mean:.0f}", f"{r.labels_mean:.0f} +- {r.labels_se:.0f}",
-                  f"{r.reached_delta:.3f}", inconf, f"{r.coverage_closed:.3f}", ratio, f"{r.capped:.3f}",
-                  f"{r.stop_minutes_mean:.0f}")
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=140)
-    console.print(t)
 
 
 def _run_with_progress(req: StudyRequest, workers, quiet: bool):

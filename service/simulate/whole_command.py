@@ -7,8 +7,9 @@ import sys
 
 from ..stats.allocation import ALLOCATIONS
 from ..stats.strata import STRATIFICATIONS
-from .command import STREAM_ONLY, _check, _check_stream, _list, _main_stream, _pct
+from . import stream_command
 from .engine import Protocol
+from .options import STREAM_ONLY, check_common, check_stream, parse_list
 from .whole_populations import WHOLE_BUILTIN, whole_builtin, whole_from_file
 from .whole_study import WholeStudyRequest, run_whole_study, summarise_whole, whole_designs, whole_json
 
@@ -48,7 +49,7 @@ def defined_population(args):
 
 
 def _request(args) -> WholeStudyRequest:
-    _check(args)
+    check_common(args)
     for option, attr in PRECISION_ONLY:
         if getattr(args, attr):
             raise ValueError(f"{option} applies to --metric precision only")
@@ -63,9 +64,9 @@ def _request(args) -> WholeStudyRequest:
     if args.margin_strata and (args.metric != "accuracy" or pop.threshold is None):
         raise ValueError("--margin-strata needs --metric accuracy on a population with a threshold (strata that "
                          "pool both sides estimate the share of right predictions, not recall or F1)")
-    designs = whole_designs(_list(args.methods, ALLOCATIONS, "--methods"),
-                            _list(args.stratifications, STRATIFICATIONS, "--stratifications"),
-                            _list(args.negative_stratifications, STRATIFICATIONS, "--negative-stratifications"),
+    designs = whole_designs(parse_list(args.methods, ALLOCATIONS, "--methods"),
+                            parse_list(args.stratifications, STRATIFICATIONS, "--stratifications"),
+                            parse_list(args.negative_stratifications, STRATIFICATIONS, "--negative-stratifications"),
                             args.strata, args.negative_strata, args.margin_strata)
     protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha)
     return WholeStudyRequest(pop, args.metric, designs, protocol, args.runs, args.seed)
@@ -74,8 +75,8 @@ def _request(args) -> WholeStudyRequest:
 def main(args) -> int:
     try:
         if args.stream:  # the service's stream design over a chunk of the whole stream
-            _check(args)
-            _check_stream(args)
+            check_common(args)
+            check_stream(args)
             if args.negative_strata < 1:
                 raise ValueError("--negative-strata must be >= 1")
             if args.negative_stratifications is not None or args.margin_strata:
@@ -88,7 +89,7 @@ def main(args) -> int:
         print(f"stratameter simulate: error: {exc}", file=sys.stderr)
         return 2
     if args.stream:
-        return _main_stream(args, pop)
+        return stream_command.main(args, pop)
     results = run_whole_study(req, workers=args.workers)
     rows = summarise_whole(req, results)
     if args.json:
@@ -112,7 +113,7 @@ def _print_table(req: WholeStudyRequest, rows) -> None:
         t.add_column(col, justify="left" if col.startswith(("method", "strata")) else "right", no_wrap=True)
     for r in rows:
         t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}", f"{r.in_conf:.3f}",
-                  f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}", _pct(r.pct_oracle))
+                  f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}", "-" if r.pct_oracle is None else f"{r.pct_oracle:+.1f}")
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)

@@ -1,0 +1,27 @@
+"""`stratameter demo`'s options (`command.py` fills them from its arguments)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DemoOptions:
+    duration: float | None = None
+    json: bool = False
+    kafka: str | None = None
+    redis: str | None = None
+    port: int | None = None
+    chunk_seconds: int = 20
+    rate: float = 100.0
+    delta: float = 0.05
+    confidence: float = 0.95
+    strata: int = 4
+    round_labels: int = 4
+    min_delay: float = 0.05
+    max_delay: float = 1.0
+    skip: float = 0.05
+    settle: float = 10.0
+    seed: int | None = None
+    reviewers: str = "simulated"  # or "label-studio": people label in a local Label Studio (the bridge)
+    label_timeout: float = 30.0
