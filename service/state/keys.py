@@ -95,6 +95,8 @@ def owner_of(state_id: str) -> tuple[str, bool]:
     if state_id.endswith(NEGATIVES_SUFFIX):
         return state_id[: -len(NEGATIVES_SUFFIX)], True
     return state_id, False
+
+
 #: The offset scope of the service-wide count of labels naming no classifier.
 UNKNOWN_LABELS_SCOPE = "labels-unknown"
 
