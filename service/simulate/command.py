@@ -21,6 +21,7 @@ from .populations import BUILTIN, builtin, load
 from .whole_populations import WHOLE_BUILTIN, whole_builtin
 from .study import StudyRequest, as_json, designs_for, run_study, summarise, summarise_budget
 
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The `simulate` subcommand: one `add_argument` per option, which is why it runs past 60 lines."""
     p = sub.add_parser(
