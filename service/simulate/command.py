@@ -19,7 +19,7 @@ from .engine import Protocol
 from .options import STATIC_DELTA, STREAM_DELTA, check_common, check_stream, parse_list
 from .populations import BUILTIN, builtin, load
 from .whole_populations import WHOLE_BUILTIN, whole_builtin
-from .study import StudyRequest, as_json, designs_for, run_study, summarise, summarise_budget
+from .study import StudyRequest, as_json, designs_for, pct_text, run_study, summarise, summarise_budget
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -231,7 +231,7 @@ def _print_table(req: StudyRequest, rows) -> None:
         for r in rows:
             t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}",
                       f"{r.in_conf:.3f}", f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}",
-                      _pct(r.pct_oracle), _pct(r.pct_jeffreys_oracle))
+                      pct_text(r.pct_oracle), pct_text(r.pct_jeffreys_oracle))
     else:
         for col in ("method", "stratification", "labels", "MSE", "MSE ratio vs random", "CI cover"):
             t.add_column(col)
@@ -242,10 +242,6 @@ def _print_table(req: StudyRequest, rows) -> None:
     if not console.is_terminal:  # a file or pipe: no terminal width to fit, print the whole table
         console = Console(width=120)
     console.print(t)
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.1f}"
 
 
 def _plot(req: StudyRequest, results, path: str) -> None:

@@ -8,7 +8,6 @@ import sys
 
 from . import stream_study
 from .arrivals import SCENARIOS, StreamSettings
-from .stream_study import StreamStudy
 
 
 def main(args, pop) -> int:
@@ -23,7 +22,7 @@ def main(args, pop) -> int:
         max_labels_per_hour=args.max_labels_per_hour, review_delay=args.review_delay, skip_rate=args.skip_rate,
         strata=args.strata, metric=metric, negative_strata=args.negative_strata,
     )
-    study = StreamStudy(pop, args.scenario, settings, args.runs, args.seed)
+    study = stream_study.StreamStudy(pop, args.scenario, settings, args.runs, args.seed)
     try:
         for name in study.scenarios:  # fail fast on what a scenario cannot do with this population
             if SCENARIOS[name].drift and metric != "precision":
@@ -53,7 +52,7 @@ def main(args, pop) -> int:
     return 0
 
 
-def _calibration(args, study: StreamStudy) -> int:
+def _calibration(args, study: stream_study.StreamStudy) -> int:
     cells = stream_study.run_calibration_study(study, workers=args.workers)
     if args.json:
         print(json.dumps(stream_study.calibration_json(study, cells)))
@@ -71,13 +70,14 @@ def _calibration(args, study: StreamStudy) -> int:
     return 0
 
 
-def _print_table(study: StreamStudy, static, rows) -> None:
+def _print_table(study: stream_study.StreamStudy, static, rows) -> None:
     from rich.console import Console
     from rich.table import Table
 
     s, pop = study.settings, study.population
     budget = "no budget" if s.max_labels_per_hour is None else f"{s.max_labels_per_hour} labels/hour"
-    title = (f"{pop.name} ({s.metric} {stream_study.population_truth(pop, s.metric):.4f}) as a stream: {s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
+    title = (f"{pop.name} ({s.metric} {stream_study.population_truth(pop, s.metric):.4f}) as a stream: "
+             f"{s.chunk_seconds:g} s chunks, {s.rate:g} items/s, "
              f"lateness {s.lateness:g} s, {budget}; delta={s.delta}, alpha={1 - s.confidence:.2g}, "
              f"runs={study.runs}; static design: {static.labels_mean:.0f} +- {static.labels_se:.0f} labels")
     t = Table(title=title)

@@ -170,6 +170,11 @@ def _pct_over(labels: float, oracle_labels: float) -> float | None:
     return 100.0 * (labels / oracle_labels - 1.0) if oracle_labels > 0 else None
 
 
+def pct_text(value: float | None) -> str:
+    """A table's cell for a signed percentage such as %Oracle (``-`` where it is undefined)."""
+    return "-" if value is None else f"{value:+.1f}"
+
+
 def summarise_budget(req: StudyRequest, results: list[dict]) -> list[BudgetSummary]:
     """One row per design; the MSE ratio only where both it and random have an
     estimate in every run (see the module docstring)."""

@@ -11,6 +11,7 @@ from . import stream_command
 from .engine import Protocol
 from .options import STREAM_ONLY, check_common, check_stream, parse_list
 from .whole_populations import WHOLE_BUILTIN, whole_builtin, whole_from_file
+from .study import pct_text
 from .whole_study import WholeStudyRequest, run_whole_study, summarise_whole, whole_designs, whole_json
 
 DEFAULT_POPULATION = "moderation"
@@ -113,7 +114,7 @@ def _print_table(req: WholeStudyRequest, rows) -> None:
         t.add_column(col, justify="left" if col.startswith(("method", "strata")) else "right", no_wrap=True)
     for r in rows:
         t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}", f"{r.in_conf:.3f}",
-                  f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}", "-" if r.pct_oracle is None else f"{r.pct_oracle:+.1f}")
+                  f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}", pct_text(r.pct_oracle))
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)
