@@ -4,7 +4,9 @@ in, estimates out on the JSON API and /metrics."""
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -15,6 +17,7 @@ from tests.harness import Reviewer, running_service, wait_for
 pytestmark = pytest.mark.integration
 
 ITEMS = 3000
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 async def test_full_loop_converges_for_several_classifiers(kafka_bootstrap, redis_backend, unique_name):
@@ -67,6 +70,12 @@ async def test_full_loop_converges_for_several_classifiers(kafka_bootstrap, redi
             assert doc["labels"] == sum(s["labels"] for s in doc["strata"]) > 0
             assert doc["labels_by_outcome"]["accepted"] == doc["labels"]
             assert doc["labels_by_outcome"]["skipped"] > 0
+        # README's HTTP table names every field the API returns (the classifier's, a stratum's, a chunk's in history)
+        api_row = next(line for line in README.read_text().splitlines() if line.startswith("| `/v1/classifiers/{id}`"))
+        named = set(re.findall(r"`([a-z_]+)`", api_row))
+        for doc in docs.values():
+            fields = set(doc) | set(doc["strata"][0]) | {k for chunk in doc["history"] for k in chunk}
+            assert fields <= named, sorted(fields - named)
         status, body = await run.get("/metrics")
         text = body.decode()
         assert status == 200
