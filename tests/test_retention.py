@@ -129,3 +129,34 @@ async def test_a_classifier_silent_for_its_whole_history_is_forgotten(redis_back
     assert await store.classifiers() == ["live"]
     assert await redis.exists(store.keys.meta("live")) and await redis.exists(store.keys.meta("live~negatives"))
     await redis.aclose()
+
+
+async def test_a_purge_skips_the_chunks_purged_before(redis_backend, unique_name):
+    """Once a new chunk: only the chunk that just left the retention (and any leaving the history)
+    is purged, not every older chunk again."""
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_backend.url, "STRATAMETER_CHUNK_SECONDS": "1",
+                              "STRATAMETER_RESERVOIR_SIZE": "64"})
+    redis = redis_backend.client()
+    store = Store(redis, unique_name("ret"))
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+
+    async def chunk(t: int) -> list[int]:
+        n = 100
+        await ingest.apply(0, np.arange(100 * t, 100 * t + n), ["c"] * n, [f"i{100 * t + j}" for j in range(n)],
+                           rng.random(n), np.ones(n, bool), np.full(n, 1_700_000_000_000 + 1000 * t + 5), [None] * n)
+        return await store.chunk_ids("c")
+
+    for t in range(8):
+        ids = await chunk(t)
+    assert await store.purge_chunks("c", ids, keep_full=3, keep_history=6) == 5  # the first purge: every old chunk
+    ids = await store.chunk_ids("c")
+    assert len(ids) == 6
+    purged_through = ids[-4]
+    ids = await chunk(8)
+    # the chunk leaving the retention and the one leaving the history, no other
+    assert await store.purge_chunks("c", ids, keep_full=3, keep_history=6, purged_through=purged_through) == 2
+    ids = await store.chunk_ids("c")
+    with_reservoir = [t for t in ids if await redis.exists(f"{store.keys.chunk('c', t)}:res:0")]
+    assert len(ids) == 6 and with_reservoir == ids[-3:]
+    await redis.aclose()

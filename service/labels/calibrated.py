@@ -25,9 +25,11 @@ from ..stats.sketch import ScoreHistogram
 
 
 #: Chunks whose labelled items this process keeps between reads (a scrape reads only the histogram
-#: again while a chunk's label count is unchanged): at most 4,096 labels of 11 bytes each per entry.
+#: again while a chunk's label count is unchanged): one entry a chunk and side, its labels at 11 bytes
+#: each.
 CACHED_CHUNKS = 1024
-_labelled: OrderedDict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+_labelled: OrderedDict[tuple, tuple[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = \
+    OrderedDict()
 
 
 def fold_of(request_id: str) -> int:
@@ -83,20 +85,22 @@ async def chunk_calibrations(store: Store, sides: list[tuple[str, ChunkState | N
 async def _side_items(store: Store, state_id: str, cs: ChunkState):
     """(histogram counts, (stratum, label, score, fold) of each label) of one side's chunk, the
     labelled items kept in process by label count; None if they do not add up."""
-    key = (store.keys.prefix, state_id, cs.chunk, int(cs.n.sum()), int(cs.h.sum()))
-    cached = _labelled.get(key)
-    if cached is None:
+    key, version = (store.keys.prefix, state_id, cs.chunk), (int(cs.n.sum()), int(cs.h.sum()))
+    found = _labelled.get(key)
+    if found is None or found[0] != version:  # replaced, not added beside: a chunk's labels grow one by one
         counts, rec = await store.chunk_labelled(state_id, cs.chunk)
         if not _adds_up(rec, cs):
             return None
-        cached = (rec.stratum.astype(np.int8), rec.label.astype(np.int8), rec.score,
+        # the score copied out of the parsed table, which would otherwise stay alive behind the view
+        cached = (rec.stratum.astype(np.int8), rec.label.astype(np.int8), rec.score.copy(),
                   np.array([fold_of(r) for r in rec.request_ids], dtype=np.int8))
-        _labelled[key] = cached
+        _labelled[key] = (version, cached)
         if len(_labelled) > CACHED_CHUNKS:
             _labelled.popitem(last=False)
     else:
-        _labelled.move_to_end(key)
+        cached = found[1]
         counts = await store.chunk_histogram(state_id, cs.chunk)
+    _labelled.move_to_end(key)
     return counts, cached
 
 

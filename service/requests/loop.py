@@ -93,7 +93,8 @@ class RequestLoop:
         self.settings = settings
         self.publish = publish
         self.instance = settings.instance_id
-        self._purged: dict[str, int] = {}  # state -> newest chunk when last purged
+        # state -> (newest chunk, newest closed chunk purged) at its last purge (`_chunk_ids`)
+        self._purged: dict[str, tuple[int, int | None]] = {}
         # per classifier, per chunk it steps (`_forget_inactive` keeps only those): what the last
         # step looked at; per state and chunk: (size, q) of the prior
         self._seen: dict[str, dict[int, tuple]] = {}
@@ -150,7 +151,7 @@ class RequestLoop:
         by_state: dict[str, list[int]] = {}
         for sid, _ in states:
             await self.store.expire(sid, now)
-            by_state[sid] = await self._chunk_ids(sid, cfg)
+            by_state[sid] = await self._chunk_ids(sid, cfg, now)
         if await self._forget_if_silent(cid, by_state, cfg, now):
             return 0
         stepped = self._chunks_to_step(cid, set().union(*by_state.values()), cfg, now)
@@ -290,12 +291,16 @@ class RequestLoop:
         (`Store.pending_by_chunk`)."""
         return await self.store.pending_by_chunk(sid, self._request_chunks.setdefault(sid, {}))
 
-    async def _chunk_ids(self, sid: str, cfg) -> list[int]:
-        """The state's chunks, purging those past the retention once per new chunk."""
+    async def _chunk_ids(self, sid: str, cfg, now: int) -> list[int]:
+        """The state's chunks, purging those past the retention once per new chunk: the chunks
+        purged before are skipped once closed (a late score may still reach an open one)."""
         ids = await self.store.chunk_ids(sid)
-        if len(ids) > cfg.chunk_retention and self._purged.get(sid) != ids[-1]:
-            await self.store.purge_chunks(sid, ids, cfg.chunk_retention, max(cfg.history_chunks, cfg.chunk_retention))
-            self._purged[sid] = ids[-1]
+        newest, purged_through = self._purged.get(sid, (None, None))
+        if len(ids) > cfg.chunk_retention and newest != ids[-1]:
+            await self.store.purge_chunks(sid, ids, cfg.chunk_retention, max(cfg.history_chunks, cfg.chunk_retention),
+                                          purged_through)
+            closed = [t for t in ids[:-cfg.chunk_retention] if _closed(t, cfg, now)]
+            self._purged[sid] = (ids[-1], closed[-1] if closed else purged_through)
         return ids
 
     async def _step_chunk(self, cid: str, t: int, sides: list[Side], cfg, now: int, issued_before: int

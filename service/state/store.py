@@ -350,15 +350,23 @@ class Store(Reads, ScriptCalls):
         v = await self.redis.hget(self.keys.hourly(cid), str(now_ms // 3_600_000))
         return int(v) if v is not None else 0
 
-    async def purge_chunks(self, cid: str, ids: list[int], keep_full: int, keep_history: int) -> int:
+    async def purge_chunks(self, cid: str, ids: list[int], keep_full: int, keep_history: int,
+                           purged_through: int | None = None) -> int:
         """Bound a classifier's memory by time as well as by stream length: chunks
         older than the newest `keep_full` lose their reservoirs, sampled sets and
         histograms (no longer needed); chunks older than the newest `keep_history`
-        are deleted.  Returns the number of chunks touched."""
+        are deleted.  `purged_through`: the newest chunk an earlier call purged that no
+        score could reach since (closed), whose keys and those of the chunks before it
+        are not deleted again (without it a call deletes the 26 keys of every chunk past
+        `keep_full` again: 3,744 at the defaults, once a new chunk a side); a chunk leaving the
+        history loses every key (a straggler a late score added goes with it).  Returns the
+        number of chunks touched."""
         old = ids[:-keep_full] if len(ids) > keep_full else []
+        drop = set(ids[:-keep_history]) if len(ids) > keep_history else set()
+        if purged_through is not None:
+            old = [t for t in old if t > purged_through or t in drop]
         if not old:
             return 0
-        drop = set(ids[:-keep_history]) if len(ids) > keep_history else set()
         k = self.keys
         pipe = self.redis.pipeline(transaction=False)
         for t in old:
