@@ -113,7 +113,7 @@ async def test_a_classifier_silent_for_its_whole_history_is_forgotten(redis_back
     ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
     now_ms = int(__import__("time").time() * 1000)
     rng = np.random.default_rng(2)
-    for cid, event_ms in (("old", now_ms - 10_000), ("live", now_ms)):
+    for cid, event_ms in (("old", now_ms - 10_000), ("live", now_ms), ("was", now_ms - 10_000)):
         n = 300
         await ingest.apply(0, np.arange(n), [cid] * n, [f"i{j}" for j in range(n)], rng.random(n),
                            rng.random(n) < 0.5, np.full(n, event_ms), [None] * n)
@@ -126,8 +126,14 @@ async def test_a_classifier_silent_for_its_whole_history_is_forgotten(redis_back
     await loop.step("old")
     await loop.step("live")
     assert [k async for k in redis.scan_iter(f"{prefix}:{{old}}*")] == []
-    assert await store.classifiers() == ["live"]
+    assert await store.classifiers() == ["live", "was"]
     assert await redis.exists(store.keys.meta("live")) and await redis.exists(store.keys.meta("live~negatives"))
+    # recall no longer enabled: the negatives' state of the time it was goes with the classifier
+    precision_only = load_settings({"STRATAMETER_REDIS_URL": redis_backend.url, "STRATAMETER_CHUNK_SECONDS": "1",
+                                    "STRATAMETER_HISTORY_CHUNKS": "2", "STRATAMETER_ALLOWED_LATENESS_SECONDS": "1"})
+    assert await redis.exists(store.keys.meta("was~negatives"))
+    await RequestLoop(store, precision_only, publish=None).step("was")
+    assert [k async for k in redis.scan_iter(f"{prefix}:{{was}}*")] == []
     await redis.aclose()
 
 

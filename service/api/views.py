@@ -28,7 +28,7 @@ def _num(x) -> float | None:
 
 
 def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None = None,
-               calibration: dict[str, Calibrated] | None = None) -> dict:
+               calibration: dict[str, Calibrated] | None = None, negatives_complete: bool | None = None) -> dict:
     """Figures of one chunk.  The estimate and interval stay null until every
     non-empty stratum has the two labels an honest variance needs.  An open
     chunk's interval has no finite population correction (its population is
@@ -41,7 +41,11 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
 
     A metric's interval (precision's at the top level too) is the difference estimator's where
     its entry in `calibration` (`chunk_calibrations`, with the same finite population correction)
-    is active, and ``calibration`` says which."""
+    is active, and ``calibration`` says which.
+
+    `negatives_complete` (None when the classifier's metrics need no predicted negatives): False
+    when some of the chunk's predicted negatives never reached their state
+    (`streams.negatives_complete`); every metric that needs them is then null."""
     chunk_seconds = cfg.chunk_seconds
     closed = is_closed(cs.chunk, cfg, now_s)
     metric_names = cfg.metrics.split(",")
@@ -53,6 +57,8 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     metrics = _metrics(columns, metric_names, cfg.confidence, closed)
     active = {m: _interval_doc(c.interval) for m, c in (calibration or {}).items() if c.active}
     metrics.update({m: doc for m, doc in active.items() if m in metrics})
+    if negatives_complete is False:
+        metrics.update({m: dict(NO_INTERVAL) for m in metrics if needs_negatives([m])})
     if "precision" in active:
         top = active["precision"]
     elif "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
@@ -71,6 +77,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "rounds": max(side.round for side, _, _ in sides),
         "status": _status(cs if cs.N.sum() else negatives, _populated(metrics, columns), cfg.delta, closed),
         "closed": closed,
+        "negatives_complete": negatives_complete,
         "calibration": calibration_doc(calibration),
         "strata": strata,
     }
@@ -105,6 +112,10 @@ def _metrics(columns: tuple, names: list[str], confidence: float, closed: bool) 
     N, n, h, positive = columns
     return {m: _interval_doc(confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed))
             for m in names}
+
+
+#: A metric's document while it has no interval.
+NO_INTERVAL = {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None}
 
 
 def _interval_doc(iv) -> dict:
@@ -168,11 +179,14 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     ids = sorted(set().union(*found))
     # precision too where it is not enabled: the top-level fields describe it
     wanted_metrics = tuple(dict.fromkeys(["precision", *cfg.metrics.split(",")]))
+    unpaired = summary["meta"].get("unpaired_through_ms")
+    complete = {t: streams.negatives_complete(t, cfg.chunk_seconds, None if unpaired is None else int(unpaired))
+                if other else None for t in ids}
     calibrations = {t: await chunk_calibrations(store, [(sid, f.get(t), sid == cid) for sid, f in zip(sides, found)],
                                                 cfg, is_closed(t, cfg, now_s), wanted_metrics)
                     for t in ids[-cfg.chunk_retention:] if t in found[0]}  # older: no histogram kept
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
-                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t)) for t in ids]
+                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t), complete[t]) for t in ids]
     sampled = set(streams.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s, cfg.chunk_retention))
     for t, chunk in zip(ids, chunks):
         chunk["status"] = streams.final_status(chunk["status"], chunk["closed"], t in sampled)
@@ -194,11 +208,12 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     }
     base = reported or {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None, "labels": 0,
                         "population": 0, "chunk": None, "strata": [], "rounds": 0, "status": "open", "closed": False}
-    base.setdefault("metrics", {m: {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None}
-                                for m in cfg.metrics.split(",")})
+    base.setdefault("metrics", {m: dict(NO_INTERVAL) for m in cfg.metrics.split(",")})
     base.setdefault("calibration", None)
+    base.setdefault("negatives_complete", True if other else None)
     doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "metrics", "labels",
-                                     "population", "chunk", "strata", "rounds", "status", "closed", "calibration")})
+                                     "population", "chunk", "strata", "rounds", "status", "closed",
+                                     "negatives_complete", "calibration")})
     issued = summary["issued"] + sum(o["issued"] for o in other)
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,

@@ -10,7 +10,9 @@ Predicted negatives: for a classifier whose metrics need them (recall, F1,
 accuracy) the same records go a second time, with the decision inverted, to
 the state of its predicted negatives (`state.keys.negatives_of`): their own
 chunks, strata, reservoirs and offsets, so every guarantee below holds for
-them unchanged.
+them unchanged.  A classifier whose metrics need none has its calls marked
+`unpaired`: INGEST keeps the latest event time they counted, up to which the
+negatives' chunks miss records should those metrics be enabled later.
 
 Strata from the start: a chunk whose opening histogram (the opening batch,
 merged with the previous chunk's when that batch is small) holds fewer than
@@ -214,6 +216,8 @@ class ScoreIngestor:
             payload = build_payload(r, cfg.chunk_seconds, lambda t, c=cid: cuts[(c, t)],
                                     cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)),
                                     provisional_cap(cfg.strata, cfg.reservoir_size), lambda t, c=cid: bins[(c, t)])
+            if not owner_of(cid)[1] and not self.settings.samples_negatives(cid):
+                payload["unpaired"] = True  # INGEST notes how far its negatives' state misses records
             new = int(r.offsets[-1])
             calls.append((r, (cid, partition, expected[cid], new, encode_ingest(payload), ingest_chunks(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused

@@ -65,6 +65,9 @@ class Side:
     cfg: object  # the side's settings (`Settings.for_classifier(state_id)`)
     first_stratum: int  # the stratum id of its stratum 0 in requests and the API (0, or K for negatives)
     pending: int
+    #: False for the negatives of a chunk some of whose records never reached their state
+    #: (`streams.negatives_complete`): never sampled, and no metric that needs them is estimated
+    complete: bool = True
 
     @property
     def positive(self) -> bool:
@@ -159,8 +162,9 @@ class RequestLoop:
         if not stepped:
             return 0
         pending = {sid: await self._pending_by_chunk(sid) for sid, _ in states}
+        unpaired = await self.store.unpaired_through(cid) if len(states) > 1 else None
         active, older = stepped[:streams.ACTIVE_CHUNKS], stepped[streams.ACTIVE_CHUNKS:]
-        issued = await self._step_chunks(cid, states, pending, active, cfg, now, 0, older=False)
+        issued = await self._step_chunks(cid, states, pending, active, cfg, now, 0, older=False, unpaired=unpaired)
         # older chunks are read only when the hour's budget has room for them, but for a verdict (and
         # all of them once after a start, which forgot the chunks finished while open)
         if older and cid in self._surveyed and await self._budget_left([sid for sid, _ in states], cfg, now,
@@ -168,13 +172,15 @@ class RequestLoop:
             unjudged = self._unjudged.get(cid, {})
             older = [t for t in older if t in unjudged and _closed(t, cfg, now)]
         if older:
-            issued += await self._step_chunks(cid, states, pending, older, cfg, now, issued, older=True)
+            issued += await self._step_chunks(cid, states, pending, older, cfg, now, issued, older=True,
+                                              unpaired=unpaired)
         self._surveyed.add(cid)
         return issued
 
     async def _step_chunks(self, cid: str, states, pending: dict, chunks: list[int], cfg, now: int,
-                           issued_before: int, older: bool) -> int:
-        """Step each of `chunks` in turn (an `older` one only until it has finished).
+                           issued_before: int, older: bool, unpaired: int | None = None) -> int:
+        """Step each of `chunks` in turn (an `older` one only until it has finished); `unpaired`:
+        the classifier's ``unpaired_through_ms`` (`streams.negatives_complete`).
 
         An older chunk is not even read while it is quiet: closed (no score reaches it), its last
         step issued nothing and left it waiting for answers (some pending, not waiting for budget),
@@ -194,8 +200,9 @@ class RequestLoop:
         for t in chunks:
             if t in moved:
                 continue
+            complete = streams.negatives_complete(t, cfg.chunk_seconds, unpaired)
             sides = _sampled_sides([Side(sid, found[sid].get(t), self.settings.for_classifier(sid), first,
-                                         pending[sid].get(t, 0)) for sid, first in states], cfg)
+                                         pending[sid].get(t, 0), complete or first == 0) for sid, first in states], cfg)
             live = [sd.cs for sd in sides if sd.cs is not None]
             if not live or sum(cs.N.sum() for cs in live) == 0:
                 continue
@@ -254,14 +261,18 @@ class RequestLoop:
         """Forget a classifier that sent no score for its whole retained history (its newest
         chunk ended `HISTORY_CHUNKS` chunks ago) and awaits no answer: its keys are deleted
         (FORGET, refused if a score came meanwhile; the predicted negatives first) and its id
-        leaves ``classifiers``, so it frees its place under ``MAX_CLASSIFIERS``."""
+        leaves ``classifiers``, so it frees its place under ``MAX_CLASSIFIERS``; the state of its
+        predicted negatives too when its metrics no longer need them (its requests are moot)."""
         newest = max((ids[-1] for ids in by_state.values() if ids), default=None)
         if newest is None or (newest + 1 + cfg.history_chunks) * cfg.chunk_seconds * 1000 > now:
             return False
         for sid in by_state:
             if await self._pending_by_chunk(sid):
                 return False
-        for sid, ids in reversed(list(by_state.items())):
+        doomed = list(by_state.items())
+        if len(doomed) == 1:  # the negatives' state of metrics enabled once, if any, goes too
+            doomed.append((negatives_of(cid), await self.store.chunk_ids(negatives_of(cid))))
+        for sid, ids in reversed(doomed):
             if not await self.store.forget(sid, ids):
                 return False
         await self.store.drop_classifier(cid)
@@ -508,7 +519,10 @@ def _sampled_sides(sides: list[Side], cfg) -> list[Side]:
     sampled meanwhile (else a rare-positive chunk's negatives paused from its first predicted
     positive to its 100th, on a slow stream all chunk long).  While the negatives' side is
     provisional, the positives' is sampled alone for precision if enabled (today's precision
-    design).  Nothing while no side is final."""
+    design).  Nothing while no side is final.  Negatives that are not `complete` are never sampled:
+    the positives alone, for precision if enabled, else nothing."""
+    if not all(sd.complete for sd in sides):
+        sides = sides[:1] if "precision" in cfg.metrics.split(",") else []
     if not any(sd.held for sd in sides):
         return sides
     if not any(sd.cs is not None and not sd.held for sd in sides):

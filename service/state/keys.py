@@ -6,7 +6,9 @@ in one Redis Cluster slot; service-wide keys share the tag ``{_global}``.  The L
 in one slot (tests/test_state_keys.py checks both against a real Redis).
 
 Per classifier ``<prefix>:{cid}:...``
-  meta                hash   first_seen_ms, scores_total, last_event_ms (INGEST)
+  meta                hash   first_seen_ms, scores_total, last_event_ms, unpaired_through_ms (the
+                             latest event time counted while the metrics needed no predicted
+                             negatives) (INGEST)
   offsets:scores      hash   scores partition -> last applied offset (INGEST's guard)
   offsets:labels      hash   labels partition -> last applied offset (LABEL's guard)
   chunks              zset   chunk id -> chunk id (chunks with data)

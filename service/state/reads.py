@@ -24,6 +24,12 @@ class Reads:
     async def chunk_ids(self, cid: str) -> list[int]:
         return [int(x) for x in await self.redis.zrange(self.keys.chunks(cid), 0, -1)]
 
+    async def unpaired_through(self, cid: str) -> int | None:
+        """The classifier's ``unpaired_through_ms`` (INGEST, `stats.streams.negatives_complete`):
+        None while it has counted no record its predicted negatives' state did not get."""
+        raw = await self.redis.hget(self.keys.meta(cid), "unpaired_through_ms")
+        return None if raw is None else int(raw)
+
     async def chunks(self, cid: str, ids: list[int]) -> list[ChunkState]:
         pipe = self.redis.pipeline(transaction=False)
         k = self.keys

@@ -124,6 +124,15 @@ def final_status(status: str, closed: bool, sampled: bool) -> str:
     return status
 
 
+def negatives_complete(chunk: int, chunk_seconds: float, unpaired_through_ms: int | None) -> bool:
+    """Whether every predicted negative of `chunk` reached the negatives' state: none of the
+    records counted while the classifier's metrics needed no negatives (the latest event time
+    among them, `unpaired_through_ms`; None: there were none) can lie in it or after its start.
+    A chunk where some did (recall, F1 or accuracy enabled while it was under way) has no honest
+    estimate of a metric that needs its negatives: their totals would miss the records before."""
+    return unpaired_through_ms is None or unpaired_through_ms < chunk * chunk_seconds * 1000
+
+
 def is_closed(now_s, end_s, lateness_s: float) -> np.ndarray:
     """A chunk is closed once its end lies more than the allowed lateness in the past."""
     return np.asarray(now_s, dtype=float) >= np.asarray(end_s, dtype=float) + lateness_s

@@ -60,6 +60,12 @@ end
 if #refused > 2 then return refused end
 redis.call('HSET', okey, ARGV[1], ARGV[3])
 local out = {1, ARGV[3]}
+-- `unpaired` (the classifier's own state, when its metrics need no predicted negatives): these
+-- records never go to its negatives' state, whose chunks up to the latest event time among them
+-- (`unpaired_through_ms`) therefore miss records (a metric that needs them enabled mid-chunk)
+if p.unpaired and p.last_event > tonumber(redis.call('HGET', meta, 'unpaired_through_ms') or '-1') then
+  redis.call('HSET', meta, 'unpaired_through_ms', p.last_event)
+end
 redis.call('HINCRBY', meta, 'scores_total', p.scores)
 redis.call('HSETNX', meta, 'first_seen_ms', p.now)
 local le = tonumber(redis.call('HGET', meta, 'last_event_ms') or '-1')
