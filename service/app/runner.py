@@ -95,7 +95,7 @@ class Service:
         rejects the credentials or Kafka cannot be bootstrapped; Redis being merely down is reported
         by readiness instead."""
         tune_gc()
-        await check_redis(self.redis, self.settings)
+        await check_redis(self.redis, self.settings, self.store)
         await self.kafka.start()
 
     def spawn(self, requests: bool = True) -> list[asyncio.Task]:

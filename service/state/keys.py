@@ -60,6 +60,9 @@ Service-wide ``<prefix>:{_global}:...``
   instances           zset   instance id -> last heartbeat (ms)
   invalid             hash   "topic|reason" -> rejected records
   labels_unknown      hash   "unknown" -> labels whose request id names no classifier
+  settings            hash   chunk_seconds: the chunk length the state was written with (chunk ids
+                             count chunks of it; the service refuses to start with another,
+                             `app.probes.check_redis`)
   probe:<instance>    string the readiness probe's write, the service's and the bridge's (PX 6 s;
                              refused by a full Redis; `app.probes.probe_redis`)
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic
@@ -192,6 +195,7 @@ class Keys:
     instances = _global_key("instances")
     invalid = _global_key("invalid")
     labels_unknown = _global_key("labels_unknown")
+    settings = _global_key("settings")
 
     def probe(self, instance: str) -> str:
         """``<prefix>:{_global}:probe:<instance>``: the readiness probe's write (expires by itself)."""

@@ -384,6 +384,14 @@ class Store(Reads, ScriptCalls):
         keys = self.keys.forget_keys(sid, ids, MAX_STRATA)
         return bool(await self._scripts["FORGET"](keys=keys, args=[str(ids[-1]) if ids else ""]))
 
+    async def stored_chunk_seconds(self, chunk_seconds: int) -> int:
+        """The chunk length the state under this prefix was written with (``settings``), this one
+        if none was noted yet (it is noted now)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(self.keys.settings, "chunk_seconds", chunk_seconds)
+        pipe.hget(self.keys.settings, "chunk_seconds")
+        return int((await pipe.execute())[1])
+
     async def drop_classifier(self, cid: str) -> None:
         self._registered.pop(cid, None)
         await self.redis.srem(self.keys.classifiers, cid)
