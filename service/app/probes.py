@@ -87,14 +87,16 @@ async def probe_redis(redis: Redis, keys: Keys, instance: str) -> None:
     await redis.set(keys.probe(instance), b"1", px=int(1000 * READY_WINDOW_S))
 
 
-async def check_redis(redis: Redis, settings: Settings, store=None) -> None:
+async def check_redis(redis: Redis, settings: Settings, store=None) -> bool:
     """At start: raise `StartupError` (a message without secrets) when Redis rejects the
     credentials or, given the service's `store`, holds state written with another chunk length
-    (`check_chunk_seconds`); Redis being merely down is reported by readiness instead."""
+    (`check_chunk_seconds`); Redis being merely down is reported by readiness instead.  Returns
+    whether Redis answered (so the chunk length is checked, given `store`)."""
     try:
         await asyncio.wait_for(redis.ping(), PROBE_INTERVAL_S)
         if store is not None:
             await check_chunk_seconds(store, settings)
+        return True
     except AuthenticationError as exc:
         user = settings.redis_username or urlsplit(settings.redis_url).username or "default"
         raise StartupError(f"Redis at {mask_url(settings.redis_url)} rejected the credentials of user "
@@ -104,6 +106,7 @@ async def check_redis(redis: Redis, settings: Settings, store=None) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - down or unreachable: readiness reports it, we keep trying
         log.warning("redis not reachable at start: %s", describe(exc))
+        return False
 
 
 async def check_chunk_seconds(store, settings: Settings) -> None:
@@ -118,3 +121,20 @@ async def check_chunk_seconds(store, settings: Settings) -> None:
             f"STRATAMETER_CHUNK_SECONDS is {settings.chunk_seconds}, but the state under "
             f"STRATAMETER_REDIS_KEY_PREFIX {settings.redis_key_prefix!r} was written with {stored}-second chunks: "
             f"keep {stored}, or give the new length a key prefix of its own (its state starts empty)")
+
+
+async def chunk_seconds_checked(store, settings: Settings, stopping: asyncio.Event) -> bool:
+    """`check_chunk_seconds` once Redis answers (True), trying every `PROBE_INTERVAL_S` until
+    then; False if `stopping` is set first.  Raises `StartupError` on another chunk length."""
+    while not stopping.is_set():
+        try:
+            await check_chunk_seconds(store, settings)
+            return True
+        except StartupError:
+            raise
+        except Exception:  # noqa: BLE001 - Redis still down: readiness says so
+            try:
+                await asyncio.wait_for(stopping.wait(), PROBE_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+    return False

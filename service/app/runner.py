@@ -29,7 +29,7 @@ from .deadletters import DeadLetters
 from .failures import ClassifierFailures
 from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
 from .pipeline import Pipeline
-from .probes import Health, check_redis, probe_redis
+from .probes import Health, check_redis, chunk_seconds_checked, probe_redis
 from .request_task import RequestTask
 
 __all__ = ["GLOBAL_SERIES_OWNER", "LEASE_MS", "Service", "StartupError", "describe", "run", "tune_gc"]
@@ -55,6 +55,7 @@ class Service:
         self.redis = connect(settings)
         self.store = Store(self.redis, settings.redis_key_prefix)
         self.stopping = asyncio.Event()
+        self._chunk_checked = False  # `check_chunk_seconds` passed: the writing loops may run
         self.wake = asyncio.Event()  # state changed: the request loop looks again
         self.started_at = time.time()
         self.lag: dict[tuple[str, int], int] = {}
@@ -95,7 +96,7 @@ class Service:
         rejects the credentials or Kafka cannot be bootstrapped; Redis being merely down is reported
         by readiness instead."""
         tune_gc()
-        await check_redis(self.redis, self.settings, self.store)
+        self._chunk_checked = await check_redis(self.redis, self.settings, self.store)
         await self.kafka.start()
 
     def spawn(self, requests: bool = True) -> list[asyncio.Task]:
@@ -103,11 +104,24 @@ class Service:
         The first is the consume pipeline.
 
         `requests=False` leaves out the label-request loop (ingest only, as the benchmark runs)."""
-        loops = [self.pipeline.consume_forever(), self.checkpoint.commit_forever(),
+        loops = [self._once_checked(self.pipeline.consume_forever), self.checkpoint.commit_forever(),
                  self.health.probe_forever(self._probe_kafka, self._probe_redis, self.stopping)]
         if requests:
-            loops.append(self.requests.requests_forever())
+            loops.append(self._once_checked(self.requests.requests_forever))
         return [asyncio.create_task(c) for c in loops]
+
+    async def _once_checked(self, loop) -> None:
+        """`loop()` once the chunk length the state was written with is checked (at start if Redis
+        answered, else as soon as it does: `probes.chunk_seconds_checked`), so nothing is written
+        under another length; another one ends this task, and the process with exit code 1."""
+        try:
+            if not self._chunk_checked:
+                self._chunk_checked = await chunk_seconds_checked(self.store, self.settings, self.stopping)
+        except StartupError as exc:
+            log.error("cannot go on: %s", exc)
+            raise
+        if self._chunk_checked:
+            await loop()
 
     async def _probe_kafka(self) -> None:
         await self.kafka.producer.client.fetch_all_metadata()
