@@ -93,8 +93,8 @@ class Service:
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         """Connect to Redis and Kafka.  Raises `StartupError` (a message without secrets) when Redis
-        rejects the credentials or Kafka cannot be bootstrapped; Redis being merely down is reported
-        by readiness instead."""
+        rejects the credentials or holds state of another chunk length, or Kafka cannot be
+        bootstrapped; Redis being merely down is reported by readiness instead (`_once_checked`)."""
         tune_gc()
         self._chunk_checked = await check_redis(self.redis, self.settings, self.store)
         await self.kafka.start()
