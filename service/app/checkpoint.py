@@ -11,6 +11,7 @@ from aiokafka.structs import OffsetAndMetadata
 from .batch import BatchHandler, StagedBatch
 from .consumer import KafkaClients
 from .failures import describe_outage, redis_outage
+from .lifecycle import pause
 from .probes import Health
 
 log = logging.getLogger("stratameter")
@@ -95,11 +96,9 @@ class Checkpoint:
                 staged = None  # redone with offsets reloaded from Redis (see ScoreIngestor.prepare)
                 self.health.redis_failed(exc, "ingest")
                 log.warning("redis failed; retrying batch: %s", describe_outage(exc))
-                try:
-                    await asyncio.wait_for(self.stopping.wait(), backoff)
+                if await pause(self.stopping, backoff):
                     return False
-                except asyncio.TimeoutError:
-                    backoff = min(BACKOFF_MAX_S, backoff * 2)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     # ---- 3. commit ----------------------------------------------------------------------
     async def commit(self) -> None:
@@ -123,7 +122,4 @@ class Checkpoint:
                 continue  # nothing recorded; look at `stopping` again
             self._commit_due.clear()
             await self.commit()
-            try:
-                await asyncio.wait_for(self.stopping.wait(), COMMIT_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
+            await pause(self.stopping, COMMIT_INTERVAL_S)

@@ -57,6 +57,16 @@ async def run_until_stopped(process, settings: Settings, serve, http_setting: st
     return 1 if failed else 0
 
 
+async def pause(stopping: asyncio.Event, seconds: float) -> bool:
+    """Wait `seconds`, or less if `stopping` is set meanwhile; returns whether it is set (the loops'
+    sleep between turns: a stop never waits for the rest of a turn's interval)."""
+    try:
+        await asyncio.wait_for(stopping.wait(), seconds)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
 async def _until_stopped(stopping: asyncio.Event, tasks: list[asyncio.Task], logger: logging.Logger) -> bool:
     """Wait until `stopping` is set, or one of the loops `tasks` ends first: then log how it
     ended, set `stopping` (the other loops finish) and return True."""

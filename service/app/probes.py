@@ -23,6 +23,7 @@ from ..config import Settings, mask_url
 from ..state.keys import Keys
 from .consumer import StartupError, describe
 from .failures import describe_outage, redis_error_cause
+from .lifecycle import pause
 
 log = logging.getLogger("stratameter")
 
@@ -72,10 +73,7 @@ class Health:
                     log.warning("%s probe failed: %s", mark.split("_")[0], describe_outage(exc))
                     if probe is redis:  # readiness lapses by itself after READY_WINDOW_S
                         self.count_redis_error(exc, "probe")
-            try:
-                await asyncio.wait_for(stopping.wait(), PROBE_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
+            await pause(stopping, PROBE_INTERVAL_S)
 
 
 async def probe_redis(redis: Redis, keys: Keys, instance: str) -> None:
@@ -133,8 +131,5 @@ async def chunk_seconds_checked(store, settings: Settings, stopping: asyncio.Eve
         except StartupError:
             raise
         except Exception:  # noqa: BLE001 - Redis still down: readiness says so
-            try:
-                await asyncio.wait_for(stopping.wait(), PROBE_INTERVAL_S)
-            except asyncio.TimeoutError:
-                pass
+            await pause(stopping, PROBE_INTERVAL_S)
     return False

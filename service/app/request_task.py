@@ -15,6 +15,7 @@ from ..requests.loop import RequestLoop
 from ..state.store import Store
 from .consumer import KafkaClients
 from .failures import OUTAGES, REDIS_OUTAGES, ClassifierFailures, describe_outage
+from .lifecycle import pause
 from .ownership import LEASE_MS, Leases
 from .probes import Health
 
@@ -113,7 +114,4 @@ class RequestTask:
                 log.warning("lease renewal: redis failed", extra={"error": describe_outage(exc)})
             except Exception:  # noqa: BLE001 - never let renewal die; report and go on
                 log.exception("lease renewal failed")
-            try:
-                await asyncio.wait_for(self.stopping.wait(), LEASE_MS / 3000)
-            except asyncio.TimeoutError:
-                pass
+            await pause(self.stopping, LEASE_MS / 3000)

@@ -39,6 +39,7 @@ from stratameter.schemas.parse import decode_label_request, label_record_bytes
 from stratameter.schemas.times import format_time, rfc3339_to_ms
 
 from ..app.consumer import StartupError, describe, kafka_startup_error, stop_clients
+from ..app.lifecycle import pause
 from ..app.probes import PROBE_INTERVAL_S, READY_WINDOW_S, Health, check_redis, probe_redis
 from ..config import ConfigError, Settings, env_var
 from ..state.client import connect
@@ -248,10 +249,7 @@ class Bridge:
             await self._sleep(PROBE_INTERVAL_S)
 
     async def _sleep(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
+        await pause(self.stopping, seconds)
 
     async def _retrying(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
         """`call()` until it succeeds, with backoff (0.5 s to 10 s) while Label Studio, Redis or Kafka

@@ -125,9 +125,9 @@ def final_status(status: str, closed: bool, sampled: bool) -> str:
 
 
 def negatives_complete(chunk: int, chunk_seconds: float, unpaired_through_ms: int | None) -> bool:
-    """Whether every predicted negative of `chunk` reached the negatives' state: none of the
-    records counted while the classifier's metrics needed no negatives (the latest event time
-    among them, `unpaired_through_ms`; None: there were none) can lie in it or after its start.
+    """Whether every predicted negative of `chunk` reached the negatives' state: the records
+    counted while the classifier's metrics needed no negatives (the latest event time among them,
+    `unpaired_through_ms`; None: there were none) all lie before the chunk's start.
     A chunk where some did (recall, F1 or accuracy enabled while it was under way) has no honest
     estimate of a metric that needs its negatives: their totals would miss the records before."""
     return unpaired_through_ms is None or unpaired_through_ms < chunk * chunk_seconds * 1000
