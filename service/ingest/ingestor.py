@@ -290,10 +290,11 @@ class ScoreIngestor:
                                          await self.store.recent_histogram(cid, t), cfg.strata)
                 now_ms = int(time.time() * 1000)
                 if hist.total < provisional_cap(cfg.strata, cfg.reservoir_size):
-                    cuts = await self.store.open_chunk(cid, t, np.empty(0), now_ms, provisional=True)
+                    cuts = await self.store.open_chunk(cid, t, np.empty(0), now_ms, cfg.reservoir_size,
+                                                       provisional=True)
                 else:
                     cuts = await self.store.open_chunk(cid, t, boundaries(hist, cfg.strata, cfg.stratification),
-                                                       now_ms)
+                                                       now_ms, cfg.reservoir_size)
             out[key] = cuts
             cached = self._cuts.get(key)
             if cached is None or cached.version <= cuts.version:

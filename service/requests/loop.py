@@ -470,7 +470,7 @@ class RequestLoop:
         left = 0
         for k, w in enumerate(windows):
             raised = streams.threshold_after(tau[k], [p for _, p in w.above], int(want[k]))
-            if w.size >= cfg.reservoir_size:
+            if w.size >= cs.effective_reservoir_size(cfg.reservoir_size):
                 raised = min(raised, w.largest)
             tau[k] = max(cs.thresholds[k], raised)
             due += [(p / max(tau[k], 1e-300), k, raw) for raw, p in w.above if p <= tau[k]]

@@ -15,7 +15,8 @@ Per classifier ``<prefix>:{cid}:...``
   c:<t>:meta          hash   cuts (JSON), cuts_version, provisional ("1" while the chunk has one
                              stratum until RESTRATIFY, or FREEZE once closed), opened_ms, round, evaluated_round,
                              streak, status (OPEN_CHUNK, EVALUATE_ROUND, the request loop),
-                             status_closed ("1" once the loop judged the status of the closed
+                             res_size (RESERVOIR_SIZE when the chunk opened: its reservoirs
+                             never grow past it, OPEN_CHUNK), status_closed ("1" once the loop judged the status of the closed
                              chunk);
                              min, max (score range, repr), first_ms, last_ms (wall-clock time
                              of the first and last arrival) (INGEST); tau (JSON, per stratum

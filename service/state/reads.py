@@ -55,6 +55,7 @@ class Reads:
                 int(meta.get("first_ms", -1)), int(meta.get("last_ms", -1)),
                 provisional=meta.get("provisional") == "1",
                 status_closed=meta.get("status_closed", "1") == "1",  # absent: stored before the field was
+                reservoir_size=int(meta["res_size"]) if "res_size" in meta else None,
             ))
         return out
 

@@ -31,6 +31,7 @@ class ChunkState:
     last_ms: int = -1
     provisional: bool = False  # one stratum until RESTRATIFY sets its K strata (or FREEZE keeps it): not sampled
     status_closed: bool = False  # `status` was judged after the chunk closed (its final verdict)
+    reservoir_size: int | None = None  # RESERVOIR_SIZE when it opened (OPEN_CHUNK); None: opened before the field
 
     @property
     def strata(self) -> int:
@@ -40,6 +41,12 @@ class ChunkState:
     def thresholds(self) -> np.ndarray:
         tau = np.zeros(self.strata) if self.tau is None else np.asarray(self.tau, dtype=float)
         return tau if tau.size == self.strata else np.zeros(self.strata)
+
+    def effective_reservoir_size(self, configured: int) -> int:
+        """The bottom-k size of this chunk's reservoirs under RESERVOIR_SIZE `configured`: the
+        size it opened with, or a smaller one set since (as INGEST keeps them).  A size raised
+        mid-chunk waits for the next chunk: the early items it would keep are gone already."""
+        return configured if self.reservoir_size is None else min(self.reservoir_size, configured)
 
 
 @dataclass

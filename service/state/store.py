@@ -71,13 +71,13 @@ class Store(Reads, ScriptCalls):
                 np.asarray(orjson.loads(cuts), dtype=float), int(version or 0), prov == b"1")
         return out
 
-    async def open_chunk(self, cid: str, t: int, cuts: np.ndarray, now_ms: int,
+    async def open_chunk(self, cid: str, t: int, cuts: np.ndarray, now_ms: int, reservoir_size: int,
                          provisional: bool = False) -> ChunkCuts:
-        """Open a chunk with `cuts` (one stratum and the provisional flag if `provisional`)
-        unless it is open already; returns the stored cuts (the first opener's)."""
+        """Open a chunk with `cuts` (one stratum and the provisional flag if `provisional`) and
+        its reservoirs' size unless it is open already; returns the stored cuts (the first opener's)."""
         cuts_raw, version, prov = await self._scripts["OPEN_CHUNK"](
             keys=[self.keys.chunk_meta(cid, t)],
-            args=[orjson.dumps(cuts.tolist()), now_ms, "1" if provisional else "0"])
+            args=[orjson.dumps(cuts.tolist()), now_ms, "1" if provisional else "0", reservoir_size])
         return ChunkCuts(np.asarray(orjson.loads(cuts_raw), dtype=float), int(version), prov == b"1")
 
     async def restratify(self, cid: str, t: int, version: int, cuts: np.ndarray) -> bool:

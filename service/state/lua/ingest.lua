@@ -8,9 +8,11 @@
 -- c:<t>:bins the `length` bytes at `at` of the blob must be found and the next `length` are written.
 -- Offset guard (compare-and-set): nothing is applied unless the partition's stored offset is the
 -- expected one; then the state changes and the offset advances in this one call.
--- A reservoir keeps its `res_size` lowest priorities and, beyond them, every member at or
--- below its stratum's threshold (`tau` in c:<t>:meta, stored by ISSUE), up to `sample_cap` x
--- res_size members (ingest.aggregate.SAMPLE_CAP).
+-- A reservoir keeps its `size` lowest priorities and, beyond them, every member at or below its
+-- stratum's threshold (`tau` in c:<t>:meta, stored by ISSUE), up to `sample_cap` x the chunk's
+-- opening size (ingest.aggregate.SAMPLE_CAP).  `size` is the payload's `res_size` (RESERVOIR_SIZE),
+-- but never more than the chunk opened with (`res_size` in c:<t>:meta, OPEN_CHUNK): items a
+-- smaller size dropped earlier cannot come back, so a raised size waits for the next chunk.
 -- Returns {applied (1/0), stored offset, then for every reservoir this call touched that is
 -- full: chunk, stratum, the cutoff (a string, exact): the larger of the largest priority kept
 -- and the threshold}.  A candidate above it can never enter, and the cutoff only ever
@@ -42,9 +44,9 @@ local function runs_unchanged(bins, runs)  -- a counter past the string's end re
   end
   return true
 end
-local refused, prov = {0, stored}, {}
+local refused, prov, opened = {0, stored}, {}, {}
 for i, c in ipairs(p.chunks) do
-  local f = redis.call('HMGET', KEYS[base[i]], 'cuts_version', 'provisional')
+  local f = redis.call('HMGET', KEYS[base[i]], 'cuts_version', 'provisional', 'res_size')
   if tonumber(f[1] or '0') ~= (c.v or 0) then
     refused[#refused + 1] = c.t
     refused[#refused + 1] = 1
@@ -56,6 +58,7 @@ for i, c in ipairs(p.chunks) do
     refused[#refused + 1] = 3
   end
   prov[i] = f[2] == '1'
+  opened[i] = tonumber(f[3]) or p.res_size  -- absent: a chunk opened before the field
 end
 if #refused > 2 then return refused end
 redis.call('HSET', okey, ARGV[1], ARGV[3])
@@ -111,18 +114,19 @@ for i, c in ipairs(p.chunks) do
     end
     -- bottom-k, plus every member at or below the stratum's threshold (the sample: a threshold
     -- set before the reservoir filled must keep admitting what arrives under it), at most
-    -- SAMPLE_CAP x res_size
+    -- SAMPLE_CAP x the opening size (a size lowered since never cuts into the sample)
     local th = tonumber(tau[r[1] + 1] or 0)
-    local keep = p.res_size
+    local size, cap = math.min(opened[i], p.res_size), SAMPLE_CAP * opened[i]
+    local keep = size
     if th > 0 then
       local under = redis.call('ZCOUNT', rk, '-inf', string.format('%.17g', th))
-      keep = math.min(math.max(keep, under), SAMPLE_CAP * p.res_size)
+      keep = math.min(math.max(keep, under), cap)
     end
     redis.call('ZREMRANGEBYRANK', rk, keep, -1)
-    if redis.call('ZCARD', rk) >= p.res_size then
+    if redis.call('ZCARD', rk) >= size then
       local last = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
       local cutoff = last[2]
-      if th > tonumber(cutoff) and keep < SAMPLE_CAP * p.res_size then cutoff = string.format('%.17g', th) end
+      if th > tonumber(cutoff) and keep < cap then cutoff = string.format('%.17g', th) end
       out[#out + 1] = c.t
       out[#out + 1] = r[1]
       out[#out + 1] = cutoff
