@@ -1,6 +1,6 @@
 """Recall, F1 or accuracy enabled on a classifier that was measured for precision alone: the
 chunk under way at the switch has only part of its predicted negatives in their state, so the
-metrics that need them are not estimated for it (`stats.streams.negatives_complete`), its
+metrics that need them are not estimated for it (`stats.streams.counted_whole`), its
 negatives are not sampled, and the chunks after the switch get all four metrics."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from stratameter.embedded import find_free_port
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state.keys import negatives_of
 from stratameter.state.store import Store
-from stratameter.stats.streams import negatives_complete
+from stratameter.stats.streams import counted_whole
 from tests.harness import Reviewer, service_topics, serving, wait_for
 
 pytestmark = pytest.mark.integration
@@ -29,10 +29,10 @@ ALL = "precision,recall,f1,accuracy"
 
 
 def test_a_chunk_is_complete_after_the_last_unpaired_event_time():
-    assert negatives_complete(5, 60, None)
-    assert not negatives_complete(5, 60, 5 * 60_000)  # at its first millisecond
-    assert not negatives_complete(5, 60, 7 * 60_000)  # in a later chunk: a late record may have been in it
-    assert negatives_complete(5, 60, 5 * 60_000 - 1)
+    assert counted_whole(5, 60, None)
+    assert not counted_whole(5, 60, 5 * 60_000)  # at its first millisecond
+    assert not counted_whole(5, 60, 7 * 60_000)  # in a later chunk: a late record may have been in it
+    assert counted_whole(5, 60, 5 * 60_000 - 1)
 
 
 def _batch(first: int, n: int, event_ms: int):

@@ -406,6 +406,30 @@ def test_promtool_unit_tests_redis_failing(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_promtool_unit_tests_redis_state_lost(tmp_path):
+    """Fires as soon as a replica sees Redis lose the state, and stops an hour later."""
+    promtool = _need("promtool", PROMTOOL_HOW)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render({"prometheusRule": {"enabled": True}}))))
+    series = [{"series": 'stratameter_redis_state_lost_total{instance="p1",job="sm"}', "values": "0x10 1x100"},
+              {"series": 'stratameter_redis_state_lost_total{instance="p2",job="sm"}', "values": "0x110"}]
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "9m", "alertname": "StratameterRedisStateLost", "exp_alerts": []},
+            {"eval_time": "12m", "alertname": "StratameterRedisStateLost", "exp_alerts": [
+                {"exp_labels": {"severity": "critical"},
+                 "exp_annotations": {"summary": "Redis lost stratameter's state", "description": (
+                     "Redis restarted without persistence or its keys were deleted: the earlier chunks, their labels "
+                     "and the pending requests are gone, and the chunks under way are reported incomplete (no "
+                     "estimate, no label requests) until the next chunk starts. Run Redis with persistence (AOF).")}}]},
+            {"eval_time": "80m", "alertname": "StratameterRedisStateLost", "exp_alerts": []}],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_promtool_unit_tests_bridge_alerts(tmp_path):
     """The bridge's alerts, rendered only with the bridge: Label Studio or Redis failing it for good
     (not a blip long ago), its polls stalled or never done, requests left without a task and

@@ -309,6 +309,8 @@ async def test_ingest_keys_given_by_the_caller_or_read_from_the_payload(store):
     assert ingest_chunks(payload) == [("0", [0, 1]), ("1", [0, 1])]
     redis = store.redis
     raw = encode_ingest(payload)
+    for t in (0, 1):  # INGEST refuses a chunk never opened (or lost with Redis)
+        await store.open_chunk("c", t, np.array([0.5]), 0, 64)
     out = await store.apply_ingest([("c", 0, -1, 5, raw, ingest_chunks(payload)), ("c", 1, -1, 5, raw)])
     assert [(applied, stored) for applied, stored, _, _ in out] == [(True, 5), (True, 5)]
     assert await redis.hget(store.keys.meta("c"), "scores_total") == b"12"
@@ -325,6 +327,7 @@ async def test_hot_pipelines_send_bare_evalsha_and_load_the_scripts_on_noscript(
     payload = encode_ingest(build_payload(recs, 3600, lambda t: ChunkCuts(np.array([0.5]), 0, False), 64, 0,
                                          np.random.default_rng(0)))
     redis = store.redis
+    await store.open_chunk("c", 0, np.array([0.5]), 0, 64)
     async with Monitor(redis_url) as monitor:
         await redis.script_flush()
         out = await store.apply_ingest([("c", 0, -1, 2, payload)])

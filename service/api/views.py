@@ -28,7 +28,8 @@ def _num(x) -> float | None:
 
 
 def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None = None,
-               calibration: dict[str, Calibrated] | None = None, negatives_complete: bool | None = None) -> dict:
+               calibration: dict[str, Calibrated] | None = None, negatives_complete: bool | None = None,
+               complete: bool = True) -> dict:
     """Figures of one chunk.  The estimate and interval stay null until every
     non-empty stratum has the two labels an honest variance needs.  An open
     chunk's interval has no finite population correction (its population is
@@ -45,7 +46,8 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
 
     `negatives_complete` (None when the classifier's metrics need no predicted negatives): False
     when some of the chunk's predicted negatives never reached their state
-    (`streams.negatives_complete`); every metric that needs them is then null."""
+    (`streams.counted_whole`); every metric that needs them is then null.  Not `complete` (some
+    of its records were counted in a state Redis lost, `app.state_watch`): every metric is null."""
     chunk_seconds = cfg.chunk_seconds
     closed = is_closed(cs.chunk, cfg, now_s)
     metric_names = cfg.metrics.split(",")
@@ -57,9 +59,11 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     metrics = _metrics(columns, metric_names, cfg.confidence, closed)
     active = {m: _interval_doc(c.interval) for m, c in (calibration or {}).items() if c.active}
     metrics.update({m: doc for m, doc in active.items() if m in metrics})
-    if negatives_complete is False:
-        metrics.update({m: dict(NO_INTERVAL) for m in metrics if needs_negatives([m])})
-    if "precision" in active:
+    if negatives_complete is False or not complete:
+        metrics.update({m: dict(NO_INTERVAL) for m in metrics if needs_negatives([m]) or not complete})
+    if not complete:
+        top = NO_INTERVAL
+    elif "precision" in active:
         top = active["precision"]
     elif "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
         top = metrics["precision"]
@@ -78,6 +82,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "status": _status(cs if cs.N.sum() else negatives, _populated(metrics, columns), cfg.delta, closed),
         "closed": closed,
         "negatives_complete": negatives_complete,
+        "complete": complete,
         "calibration": calibration_doc(calibration),
         "strata": strata,
     }
@@ -180,13 +185,15 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     # precision too where it is not enabled: the top-level fields describe it
     wanted_metrics = tuple(dict.fromkeys(["precision", *cfg.metrics.split(",")]))
     unpaired = summary["meta"].get("unpaired_through_ms")
-    complete = {t: streams.negatives_complete(t, cfg.chunk_seconds, None if unpaired is None else int(unpaired))
+    complete = {t: streams.counted_whole(t, cfg.chunk_seconds, None if unpaired is None else int(unpaired))
                 if other else None for t in ids}
+    whole = {t: streams.counted_whole(t, cfg.chunk_seconds, store.lost_through_ms) for t in ids}
     calibrations = {t: await chunk_calibrations(store, [(sid, f.get(t), sid == cid) for sid, f in zip(sides, found)],
                                                 cfg, is_closed(t, cfg, now_s), wanted_metrics)
-                    for t in ids[-cfg.chunk_retention:] if t in found[0]}  # older: no histogram kept
+                    for t in ids[-cfg.chunk_retention:] if t in found[0] and whole[t]}  # older: no histogram kept
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
-                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t), complete[t]) for t in ids]
+                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t), complete[t], whole[t])
+              for t in ids]
     sampled = set(streams.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s, cfg.chunk_retention))
     for t, chunk in zip(ids, chunks):
         chunk["status"] = streams.final_status(chunk["status"], chunk["closed"], t in sampled)
@@ -211,9 +218,10 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     base.setdefault("metrics", {m: dict(NO_INTERVAL) for m in cfg.metrics.split(",")})
     base.setdefault("calibration", None)
     base.setdefault("negatives_complete", True if other else None)
+    base.setdefault("complete", True)
     doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "metrics", "labels",
                                      "population", "chunk", "strata", "rounds", "status", "closed",
-                                     "negatives_complete", "calibration")})
+                                     "negatives_complete", "complete", "calibration")})
     issued = summary["issued"] + sum(o["issued"] for o in other)
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,

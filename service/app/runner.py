@@ -31,6 +31,7 @@ from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
 from .pipeline import Pipeline
 from .probes import Health, check_redis, chunk_seconds_checked, probe_redis
 from .request_task import RequestTask
+from .state_watch import StateWatch
 
 __all__ = ["GLOBAL_SERIES_OWNER", "LEASE_MS", "Service", "StartupError", "describe", "run", "tune_gc"]
 
@@ -72,6 +73,8 @@ class Service:
         self.failures = ClassifierFailures()  # what the request loop and the scrape confine to a classifier
         self.requests = RequestTask(self.store, settings, self.kafka, self.leases, self.health, self.stopping,
                                     self.wake, self.failures)
+        self.state_watch = StateWatch(self.store, settings, self.kafka)  # Redis losing the state
+        self._checking = asyncio.Lock()  # the writing loops' start checks run once (`_once_checked`)
 
     # what the HTTP API and the metrics read
     consumer = property(lambda self: self.kafka.consumer)
@@ -94,10 +97,13 @@ class Service:
     async def start(self) -> None:
         """Connect to Redis and Kafka.  Raises `StartupError` (a message without secrets) when Redis
         rejects the credentials or holds state of another chunk length, or Kafka cannot be
-        bootstrapped; Redis being merely down is reported by readiness instead (`_once_checked`)."""
+        bootstrapped; Redis being merely down is reported by readiness instead (`_once_checked`).
+        Then whether Redis lost the state while the service was away (`state_watch`)."""
         tune_gc()
         self._chunk_checked = await check_redis(self.redis, self.settings, self.store)
         await self.kafka.start()
+        if self._chunk_checked:
+            await self.state_watch.check_at_start()
 
     def spawn(self, requests: bool = True) -> list[asyncio.Task]:
         """Start the service's loops as tasks (after `start()`); they end when `stopping` is set.
@@ -112,11 +118,15 @@ class Service:
 
     async def _once_checked(self, loop) -> None:
         """`loop()` once the chunk length the state was written with is checked (at start if Redis
-        answered, else as soon as it does: `probes.chunk_seconds_checked`), so nothing is written
-        under another length; another one ends this task, and the process with exit code 1."""
+        answered, else as soon as it does: `probes.chunk_seconds_checked`, then whether the state
+        was lost meanwhile: `state_watch`), so nothing is written under another length; another one
+        ends this task, and the process with exit code 1."""
         try:
-            if not self._chunk_checked:
-                self._chunk_checked = await chunk_seconds_checked(self.store, self.settings, self.stopping)
+            async with self._checking:
+                if not self._chunk_checked:
+                    self._chunk_checked = await chunk_seconds_checked(self.store, self.settings, self.stopping)
+                    if self._chunk_checked:
+                        await self.state_watch.check_at_start()
         except StartupError as exc:
             log.error("cannot go on: %s", exc)
             raise
@@ -128,6 +138,8 @@ class Service:
 
     async def _probe_redis(self) -> None:
         await probe_redis(self.redis, self.store.keys, self.settings.instance_id)
+        if self._chunk_checked:
+            await self.state_watch.check()
 
     async def stop(self) -> None:
         """Release the leases (immediate takeover), leave the consumer group, close."""

@@ -62,9 +62,9 @@ _STRATUM_GAUGES = (
 class SnapshotCollector:
     def __init__(self, views: list[dict], invalid: dict[tuple[str, str], int], unknown_global: int,
                  lag: dict[tuple[str, int], int], dropped: int, failures: dict[tuple[str, str], int],
-                 redis_errors: dict[tuple[str, str], int]) -> None:
+                 redis_errors: dict[tuple[str, str], int], state_losses: int = 0) -> None:
         self.views, self.invalid, self.unknown_global, self.lag, self.dropped = views, invalid, unknown_global, lag, dropped
-        self.failures, self.redis_errors = failures, redis_errors
+        self.failures, self.redis_errors, self.state_losses = failures, redis_errors, state_losses
 
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in _GAUGES}
@@ -96,7 +96,7 @@ class SnapshotCollector:
         yield from self._service_wide()
 
     def _service_wide(self):
-        """Rejected records by topic and reason, consumer lag, dead letters dropped."""
+        """Rejected records by topic and reason, consumer lag, dead letters dropped, state losses seen."""
         invalid = CounterMetricFamily("stratameter_invalid_messages", "Rejected input records (dead-lettered)",
                                       labels=["topic", "reason"])
         for (topic, reason), c in sorted(self.invalid.items()):
@@ -107,7 +107,11 @@ class SnapshotCollector:
             lag.add_metric([topic, str(part)], n)
         dropped = CounterMetricFamily("stratameter_dead_letters_dropped", "Dead letters not produced (rate limit)")
         dropped.add_metric([], self.dropped)
-        return invalid, lag, dropped
+        lost = CounterMetricFamily("stratameter_redis_state_lost",
+                                   "Times this process found that Redis had lost the state (restarted without "
+                                   "persistence, or flushed): the chunks under way are reported incomplete")
+        lost.add_metric([], self.state_losses)
+        return invalid, lag, dropped, lost
 
 
 def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
@@ -206,7 +210,8 @@ async def _snapshot(service) -> SnapshotCollector:
     else:
         invalid, unknown = {}, 0
     return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped,
-                             service.failures.of(owned), dict(service.health.redis_errors))
+                             service.failures.of(owned), dict(service.health.redis_errors),
+                             service.state_watch.losses)
 
 
 async def render(service) -> bytes:

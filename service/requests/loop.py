@@ -66,7 +66,7 @@ class Side:
     first_stratum: int  # the stratum id of its stratum 0 in requests and the API (0, or K for negatives)
     pending: int
     #: False for the negatives of a chunk some of whose records never reached their state
-    #: (`streams.negatives_complete`): never sampled, and no metric that needs them is estimated
+    #: (`streams.counted_whole`): never sampled, and no metric that needs them is estimated
     complete: bool = True
 
     @property
@@ -180,7 +180,7 @@ class RequestLoop:
     async def _step_chunks(self, cid: str, states, pending: dict, chunks: list[int], cfg, now: int,
                            issued_before: int, older: bool, unpaired: int | None = None) -> int:
         """Step each of `chunks` in turn (an `older` one only until it has finished); `unpaired`:
-        the classifier's ``unpaired_through_ms`` (`streams.negatives_complete`).
+        the classifier's ``unpaired_through_ms`` (`streams.counted_whole`).
 
         An older chunk is not even read while it is quiet: closed (no score reaches it), its last
         step issued nothing and left it waiting for answers (some pending, not waiting for budget),
@@ -198,9 +198,9 @@ class RequestLoop:
         moved = await self._freeze_closed(found, cfg, now)
         issued = 0
         for t in chunks:
-            if t in moved:
-                continue
-            complete = streams.negatives_complete(t, cfg.chunk_seconds, unpaired)
+            if t in moved or not streams.counted_whole(t, cfg.chunk_seconds, self.store.lost_through_ms):
+                continue  # moved: read again next pass; not counted whole: part of it was lost with Redis
+            complete = streams.counted_whole(t, cfg.chunk_seconds, unpaired)
             sides = _sampled_sides([Side(sid, found[sid].get(t), self.settings.for_classifier(sid), first,
                                          pending[sid].get(t, 0), complete or first == 0) for sid, first in states], cfg)
             live = [sd.cs for sd in sides if sd.cs is not None]

@@ -63,7 +63,9 @@ Service-wide ``<prefix>:{_global}:...``
   labels_unknown      hash   "unknown" -> labels whose request id names no classifier
   settings            hash   chunk_seconds: the chunk length the state was written with (chunk ids
                              count chunks of it; the service refuses to start with another,
-                             `app.probes.check_redis`)
+                             `app.probes.check_redis`); started_ms: when the state began;
+                             lost_through_ms: the latest event time of a record counted in a
+                             state Redis lost (`app.state_watch`)
   probe:<instance>    string the readiness probe's write, the service's and the bridge's (PX 6 s;
                              refused by a full Redis; `app.probes.probe_redis`)
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic

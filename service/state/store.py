@@ -47,6 +47,12 @@ class Store(Reads, ScriptCalls):
         super().__init__(redis)
         self.keys = Keys(prefix)
         self._registered: dict[str, float] = {}  # classifier -> time.monotonic() of its last SADD
+        #: this process's copy of the service-wide ``lost_through_ms`` (`app.state_watch`)
+        self.lost_through_ms: int | None = None
+
+    def forget_registrations(self) -> None:
+        """Add every classifier to the set again at its next batch (the set was lost)."""
+        self._registered.clear()
 
     def _unregistered(self, owners: set[str]) -> list[str]:
         """The classifiers of `owners` this process has not added to the set for `REGISTER_EVERY_S`."""
@@ -391,6 +397,26 @@ class Store(Reads, ScriptCalls):
         pipe.hsetnx(self.keys.settings, "chunk_seconds", chunk_seconds)
         pipe.hget(self.keys.settings, "chunk_seconds")
         return int((await pipe.execute())[1])
+
+    async def begin_state(self, now_ms: int) -> bool:
+        """Note when the state under this prefix began (``settings`` ``started_ms``) unless noted;
+        True when no state was there before: nothing noted and no classifier (a state written by a
+        version before the note has classifiers)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(self.keys.settings, "started_ms", now_ms)
+        pipe.exists(self.keys.classifiers)
+        noted, classifiers = await pipe.execute()
+        return bool(noted) and not classifiers
+
+    async def note_state_lost(self, through_ms: int, chunk_seconds: int, now_ms: int) -> None:
+        """Note that the records of event times up to `through_ms` were counted in a state Redis
+        lost (``settings`` ``lost_through_ms``, `stats.streams.counted_whole`), and the settings
+        a start notes, so the loss is seen once."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(self.keys.settings, "chunk_seconds", chunk_seconds)
+        pipe.hsetnx(self.keys.settings, "started_ms", now_ms)
+        pipe.hset(self.keys.settings, "lost_through_ms", through_ms)
+        await pipe.execute()
 
     async def drop_classifier(self, cid: str) -> None:
         self._registered.pop(cid, None)

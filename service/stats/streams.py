@@ -124,13 +124,15 @@ def final_status(status: str, closed: bool, sampled: bool) -> str:
     return status
 
 
-def negatives_complete(chunk: int, chunk_seconds: float, unpaired_through_ms: int | None) -> bool:
-    """Whether every predicted negative of `chunk` reached the negatives' state: the records
-    counted while the classifier's metrics needed no negatives (the latest event time among them,
-    `unpaired_through_ms`; None: there were none) all lie before the chunk's start.
-    A chunk where some did (recall, F1 or accuracy enabled while it was under way) has no honest
-    estimate of a metric that needs its negatives: their totals would miss the records before."""
-    return unpaired_through_ms is None or unpaired_through_ms < chunk * chunk_seconds * 1000
+def counted_whole(chunk: int, chunk_seconds: float, missed_through_ms: int | None) -> bool:
+    """Whether every record of `chunk` was counted in the state it is estimated from: the records
+    that missed that state (the latest event time any of them can have, `missed_through_ms`;
+    None: none did) all lie before the chunk's start.  Records miss a state in two ways: counted
+    while the classifier's metrics needed no predicted negatives (``unpaired_through_ms``: the
+    negatives' state misses them when recall, F1 or accuracy is enabled mid-chunk), or counted in
+    a state Redis lost (``lost_through_ms``, `app.state_watch`).  A chunk some of whose records
+    missed its state has no honest estimate from it: its totals would lack them."""
+    return missed_through_ms is None or missed_through_ms < chunk * chunk_seconds * 1000
 
 
 def is_closed(now_s, end_s, lateness_s: float) -> np.ndarray:

@@ -21,7 +21,7 @@
 -- Chunk guards (like the offset guard, nothing is applied when one refuses): every chunk of the
 -- payload carries the cuts version `v` it was aggregated with; a provisional chunk's also
 -- `cap`, `n` (its predicted positives in the payload) and `ps` (score -> count).  Refused:
--- {0, stored offset, then per refused chunk: chunk, 1 (stale cuts: reload them), 2 (the
+-- {0, stored offset, then per refused chunk: chunk, 1 (stale cuts, or none: reload them), 2 (the
 -- provisional chunk would reach `cap` items: RESTRATIFY it first) or 3 (its histogram's counters
 -- under `runs` are not the old bytes: read them again)}.
 local okey, meta, chunks = KEYS[1], KEYS[2], KEYS[3]
@@ -46,8 +46,8 @@ local function runs_unchanged(bins, runs)  -- a counter past the string's end re
 end
 local refused, prov, opened = {0, stored}, {}, {}
 for i, c in ipairs(p.chunks) do
-  local f = redis.call('HMGET', KEYS[base[i]], 'cuts_version', 'provisional', 'res_size')
-  if tonumber(f[1] or '0') ~= (c.v or 0) then
+  local f = redis.call('HMGET', KEYS[base[i]], 'cuts_version', 'provisional', 'res_size', 'cuts')
+  if not f[4] or tonumber(f[1] or '0') ~= (c.v or 0) then  -- no cuts: the chunk is gone (Redis lost it)
     refused[#refused + 1] = c.t
     refused[#refused + 1] = 1
   elseif f[2] == '1' and (not c.cap or tonumber(redis.call('HGET', KEYS[base[i] + 2], '0') or '0') + c.n >= c.cap) then

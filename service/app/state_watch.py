@@ -1,0 +1,85 @@
+"""Redis losing the state: a Redis without persistence restarted, or the keys flushed.
+
+Kafka's committed offsets outlive such a loss, so the service goes on from where it was: the
+chunks under way then hold only the records that came after it, and their estimates would
+describe part of a chunk as if it were all of it.  The loss is seen two ways:
+
+* at start, a state with nothing noted (no ``settings``, no classifier) while the consumer group
+  has committed offsets on the scores topic (a first start reads the topic from its beginning);
+* while running, the ``settings`` a start notes gone (checked with each readiness probe).
+
+Either notes ``lost_through_ms`` (`Store.note_state_lost`): the latest event time a record counted
+before the loss can have (now, plus the accepted clock skew).  A chunk starting at or before it
+is not counted whole (`stats.streams.counted_whole`): never sampled, its estimates null, and the
+API says ``complete: false``; later chunks are whole again.  The mark is kept on the store for the
+request loop and the views (``Store.lost_through_ms``), refreshed from Redis with every probe, so
+every replica follows the one that saw the loss.  Each loss this process sees is logged as an
+error and counted (``stratameter_redis_state_lost_total``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiokafka import TopicPartition
+
+from ..config import Settings
+from ..state.store import Store
+from .consumer import KafkaClients, describe
+
+log = logging.getLogger("stratameter")
+
+
+class StateWatch:
+    def __init__(self, store: Store, settings: Settings, kafka: KafkaClients) -> None:
+        self.store, self.settings, self.kafka = store, settings, kafka
+        self.losses = 0  # losses this process saw
+        self._watching = False  # the start's check ran: from now on the settings must stay noted
+
+    async def check_at_start(self) -> None:
+        """Whether the state began just now although the consumer group consumed before."""
+        try:
+            if await self.store.begin_state(_now_ms()) and await self._consumed_before():
+                await self._lost("there was no state at start, but the consumer group "
+                                 f"{self.settings.kafka_consumer_group!r} has committed offsets on "
+                                 f"{self.settings.topic_scores!r}")
+            self._watching = True
+            await self.check()
+        except Exception as exc:  # noqa: BLE001 - never keeps the service from starting
+            log.warning("could not check whether Redis lost the state: %s", describe(exc))
+        self._watching = True
+
+    async def check(self) -> None:
+        """With each readiness probe: the settings still noted (else the state was lost), and
+        the service-wide mark copied to the store."""
+        noted, lost = await self.store.state_marks()
+        if self._watching and not noted:
+            await self._lost("the settings noted at start are gone")
+            return
+        self.store.lost_through_ms = lost
+
+    async def _consumed_before(self) -> bool:
+        topic = self.settings.topic_scores
+        for partition in sorted(await self.kafka.producer.partitions_for(topic) or ()):
+            if await self.kafka.consumer.committed(TopicPartition(topic, partition)) is not None:
+                return True
+        return False
+
+    async def _lost(self, how: str) -> None:
+        now = _now_ms()
+        through = now + 1000 * self.settings.max_event_time_skew_seconds
+        await self.store.note_state_lost(through, self.settings.chunk_seconds, now)
+        self.store.lost_through_ms = through
+        self.store.forget_registrations()
+        self.losses += 1
+        log.error(f"Redis lost the state under STRATAMETER_REDIS_KEY_PREFIX {self.settings.redis_key_prefix!r} "
+                  f"({how}): a Redis without persistence restarted, or the keys were deleted.  The chunks "
+                  f"under way hold only what came after, so every chunk starting at or before "
+                  f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(through / 1000))} is reported incomplete "
+                  "(no estimate, no label requests); later chunks are whole.  Earlier chunks, their labels and "
+                  "the requests awaiting an answer are gone.  Run Redis with persistence (AOF).")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
