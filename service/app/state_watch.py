@@ -57,6 +57,8 @@ class StateWatch:
         if self._watching and not noted:
             await self._lost("the settings noted at start are gone")
             return
+        if lost != self.store.lost_through_ms and self._watching:  # another replica saw a loss
+            self.store.forget_registrations()
         self.store.lost_through_ms = lost
 
     async def _consumed_before(self) -> bool:
