@@ -104,6 +104,18 @@ class BatchHandler:
         self.settings, self.ingestor, self.folder = settings, ingestor, folder
         self.counts, self.dead_letters, self.wake = counts, dead_letters, wake
         self.admission = ClassifierAdmission(ingestor.store, settings.max_classifiers)
+        #: the scores and labels topics the state's offsets were first written from (`Store.noted_topics`,
+        #: set by the service's start checks); None: the configured ones
+        self.noted_topics: tuple[str, str] | None = None
+
+    def offset_field(self, tp: TopicPartition) -> int | str:
+        """The name the state keeps a partition's last applied offset under (the offset guards of
+        INGEST, LABEL and GLOBAL_COUNT): the partition number for the topics the state was first
+        written from, ``<topic>:<partition>`` for any other.  Offsets count the records of one topic,
+        and a new one (renamed, on another cluster) numbers its records from 0 again: under the
+        old partition's offset its records read as replays and were dropped without a word."""
+        scores, labels = self.noted_topics or (self.settings.topic_scores, self.settings.topic_labels)
+        return tp.partition if tp.topic in (scores, labels) else f"{tp.topic}:{tp.partition}"
 
     async def stage(self, tp: TopicPartition, records: Sequence[KafkaRecord], window: tuple[int, int],
                     retry: bool = False) -> StagedBatch | None:
@@ -125,7 +137,8 @@ class BatchHandler:
             try:
                 batch = await self._admitted(batch, rejects)
                 if batch.index.size:
-                    prepared = await self.ingestor.prepare(tp.partition, offsets[batch.index], batch.classifier_id,
+                    prepared = await self.ingestor.prepare(self.offset_field(tp), offsets[batch.index],
+                                                           batch.classifier_id,
                                                            batch.item_id, batch.score, batch.predicted_positive,
                                                            batch.event_time_ms, batch.context, reload_offsets=retry)
             except Exception as exc:
@@ -163,7 +176,7 @@ class BatchHandler:
         """Fold the labels; a label not folded (unknown request, duplicate, expired) is
         dead-lettered with its outcome, and one naming no classifier counted service-wide."""
         offsets, batch = staged.offsets, staged.batch
-        outcomes = await self.folder.apply(tp.partition, offsets[batch.index], batch.request_id, batch.label,
+        outcomes = await self.folder.apply(self.offset_field(tp), offsets[batch.index], batch.request_id, batch.label,
                                            batch.labeler_id)
         unknown_global = []
         for o in outcomes:
@@ -175,4 +188,4 @@ class BatchHandler:
                 unknown_global.append(int(offsets[pos]))
             if o.outcome in FOLDED_OUTCOMES:
                 self.wake.set()
-        await self.counts.add_unknown_labels(tp.partition, unknown_global, int(offsets[-1]))
+        await self.counts.add_unknown_labels(self.offset_field(tp), unknown_global, int(offsets[-1]))

@@ -112,24 +112,24 @@ async def check_chunk_seconds(store, settings: Settings) -> None:
     ``CHUNK_SECONDS``: a chunk id counts chunks of that length since the epoch, so under another
     one the old ids would read as chunks of other times (a longer chunk put them centuries ahead,
     where they counted as the newest: the retention purged the chunk being sampled and then never
-    purged again).  The first start notes the length."""
+    purged again).  The first start notes the length.  Returns True."""
     stored = await store.stored_chunk_seconds(settings.chunk_seconds)
     if stored != settings.chunk_seconds:
         raise StartupError(
             f"STRATAMETER_CHUNK_SECONDS is {settings.chunk_seconds}, but the state under "
             f"STRATAMETER_REDIS_KEY_PREFIX {settings.redis_key_prefix!r} was written with {stored}-second chunks: "
             f"keep {stored}, or give the new length a key prefix of its own (its state starts empty)")
+    return True
 
 
-async def chunk_seconds_checked(store, settings: Settings, stopping: asyncio.Event) -> bool:
-    """`check_chunk_seconds` once Redis answers (True), trying every `PROBE_INTERVAL_S` until
-    then; False if `stopping` is set first.  Raises `StartupError` on another chunk length."""
+async def once_redis_answers(call: Callable[[], Awaitable], stopping: asyncio.Event):
+    """``await call()`` once Redis answers, trying every `PROBE_INTERVAL_S` until then (its result,
+    or None if `stopping` is set first).  A `StartupError` it raises is raised."""
     while not stopping.is_set():
         try:
-            await check_chunk_seconds(store, settings)
-            return True
+            return await call()
         except StartupError:
             raise
         except Exception:  # noqa: BLE001 - Redis still down: readiness says so
             await pause(stopping, PROBE_INTERVAL_S)
-    return False
+    return None

@@ -29,7 +29,7 @@ from .deadletters import DeadLetters
 from .failures import ClassifierFailures
 from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
 from .pipeline import Pipeline
-from .probes import Health, check_redis, chunk_seconds_checked, probe_redis
+from .probes import Health, check_chunk_seconds, check_redis, once_redis_answers, probe_redis
 from .request_task import RequestTask
 from .state_watch import StateWatch
 
@@ -57,6 +57,7 @@ class Service:
         self.store = Store(self.redis, settings.redis_key_prefix)
         self.stopping = asyncio.Event()
         self._chunk_checked = False  # `check_chunk_seconds` passed: the writing loops may run
+        self._started_checks = False  # `_start_checks` done
         self.wake = asyncio.Event()  # state changed: the request loop looks again
         self.started_at = time.time()
         self.lag: dict[tuple[str, int], int] = {}
@@ -90,7 +91,7 @@ class Service:
         """Partitions taken away: forget the offsets cached for them (another instance moves them now)."""
         for tp in partitions:
             if tp.topic == self.settings.topic_scores:
-                self.ingestor.forget_partition(tp.partition)
+                self.ingestor.forget_partition(self.batches.offset_field(tp))
         self.counts.forget()
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -98,12 +99,12 @@ class Service:
         """Connect to Redis and Kafka.  Raises `StartupError` (a message without secrets) when Redis
         rejects the credentials or holds state of another chunk length, or Kafka cannot be
         bootstrapped; Redis being merely down is reported by readiness instead (`_once_checked`).
-        Then whether Redis lost the state while the service was away (`state_watch`)."""
+        Then `_start_checks`, if Redis answered."""
         tune_gc()
         self._chunk_checked = await check_redis(self.redis, self.settings, self.store)
         await self.kafka.start()
         if self._chunk_checked:
-            await self.state_watch.check_at_start()
+            await self._start_checks()
 
     def spawn(self, requests: bool = True) -> list[asyncio.Task]:
         """Start the service's loops as tasks (after `start()`); they end when `stopping` is set.
@@ -118,20 +119,34 @@ class Service:
 
     async def _once_checked(self, loop) -> None:
         """`loop()` once the chunk length the state was written with is checked (at start if Redis
-        answered, else as soon as it does: `probes.chunk_seconds_checked`, then whether the state
-        was lost meanwhile: `state_watch`), so nothing is written under another length; another one
-        ends this task, and the process with exit code 1."""
+        answered, else as soon as it does), then `_start_checks`, so nothing is written under another
+        length; another one ends this task, and the process with exit code 1."""
         try:
-            async with self._checking:
-                if not self._chunk_checked:
-                    self._chunk_checked = await chunk_seconds_checked(self.store, self.settings, self.stopping)
-                    if self._chunk_checked:
-                        await self.state_watch.check_at_start()
+            if not self._chunk_checked:
+                self._chunk_checked = bool(await once_redis_answers(
+                    lambda: check_chunk_seconds(self.store, self.settings), self.stopping))
+            if self._chunk_checked:
+                await self._start_checks()
         except StartupError as exc:
             log.error("cannot go on: %s", exc)
             raise
-        if self._chunk_checked:
+        if self._chunk_checked and self._started_checks:
             await loop()
+
+    async def _start_checks(self) -> None:
+        """Once, before anything is written: which topics the state's offsets count
+        (`BatchHandler.offset_field`), then whether Redis lost the state while the service was
+        away (`state_watch`)."""
+        async with self._checking:
+            if self._started_checks:
+                return
+            topics = await once_redis_answers(
+                lambda: self.store.noted_topics(self.settings.topic_scores, self.settings.topic_labels), self.stopping)
+            if topics is None:  # stopping
+                return
+            self.batches.noted_topics = topics
+            await self.state_watch.check_at_start()
+            self._started_checks = True
 
     async def _probe_kafka(self) -> None:
         await self.kafka.producer.client.fetch_all_metadata()

@@ -9,8 +9,10 @@ Per classifier ``<prefix>:{cid}:...``
   meta                hash   first_seen_ms, scores_total, last_event_ms, unpaired_through_ms (the
                              latest event time counted while the metrics needed no predicted
                              negatives) (INGEST)
-  offsets:scores      hash   scores partition -> last applied offset (INGEST's guard)
-  offsets:labels      hash   labels partition -> last applied offset (LABEL's guard)
+  offsets:scores      hash   scores partition -> last applied offset (INGEST's guard); of a topic
+                             other than the one the state was first written from, "<topic>:<partition>"
+                             (`app.batch.BatchHandler.offset_field`)
+  offsets:labels      hash   labels partition -> last applied offset (LABEL's guard), the same way
   chunks              zset   chunk id -> chunk id (chunks with data)
   c:<t>:meta          hash   cuts (JSON), cuts_version, provisional ("1" while the chunk has one
                              stratum until RESTRATIFY, or FREEZE once closed), opened_ms, round, evaluated_round,
@@ -65,7 +67,8 @@ Service-wide ``<prefix>:{_global}:...``
                              count chunks of it; the service refuses to start with another,
                              `app.probes.check_redis`); started_ms: when the state began;
                              lost_through_ms: the latest event time of a record counted in a
-                             state Redis lost (`app.state_watch`)
+                             state Redis lost (`app.state_watch`); topic_scores, topic_labels: the
+                             topics the offsets were first written from (`Store.noted_topics`)
   probe:<instance>    string the readiness probe's write, the service's and the bridge's (PX 6 s;
                              refused by a full Redis; `app.probes.probe_redis`)
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic

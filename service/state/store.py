@@ -398,6 +398,16 @@ class Store(Reads, ScriptCalls):
         pipe.hget(self.keys.settings, "chunk_seconds")
         return int((await pipe.execute())[1])
 
+    async def noted_topics(self, scores: str, labels: str) -> tuple[str, str]:
+        """The scores and labels topics the state's offsets count records of (``settings``
+        ``topic_scores``, ``topic_labels``), these if none were noted yet (they are noted now)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(self.keys.settings, "topic_scores", scores)
+        pipe.hsetnx(self.keys.settings, "topic_labels", labels)
+        pipe.hmget(self.keys.settings, "topic_scores", "topic_labels")
+        noted = (await pipe.execute())[2]
+        return noted[0].decode(), noted[1].decode()
+
     async def begin_state(self, now_ms: int) -> bool:
         """Note when the state under this prefix began (``settings`` ``started_ms``) unless noted;
         True when no state was there before: nothing noted and no classifier (a state written by a

@@ -1,0 +1,71 @@
+"""A topic changed under a deployment: the scores or labels topic renamed, or moved to another
+Kafka cluster under another name.  Offsets count the records of one topic, and the state keeps,
+per classifier and partition, the last offset it applied (the exactly-once guards of INGEST and
+LABEL); a new topic numbers its records from 0 again.  Before, its records at or below the old
+topic's offsets read as replays and were dropped without a word (measured with this test: the
+second scores topic's 200 scores counted 0; of 300 answers on the second labels topic the first
+10, as many as the first one had carried, got no outcome at all).  Now the offsets of any topic
+but the ones the state was first written from are kept under ``<topic>:<partition>``
+(`app.batch.BatchHandler.offset_field`).  Against the real broker and Redis.
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from stratameter.config import load_settings
+from stratameter.embedded import create_topics, find_free_port
+from tests.harness import Reviewer, service_topics, serving, wait_for
+
+
+async def _run(kafka_bootstrap, redis_url, topics, prefix, group, reviewer_group, first, n, outcomes_before):
+    """Serve on `topics`, send `n` scores and answer every label request until each answer has an
+    outcome (or 40 s pass); returns the classifier's scores, its label outcomes (every one: an
+    answer is accepted, a duplicate or expired) and the answers sent."""
+    from stratameter.app.runner import Service
+
+    port = find_free_port()
+    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "KAFKA_CONSUMER_GROUP": group,
+           "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": prefix,
+           "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
+           "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "HTTP_PORT": str(port),
+           "DELTA": "0.05", "MAX_LABELS_PER_HOUR": "20000"}
+    service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in env.items()}))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    async with serving(service, port, topics, producer, kafka_bootstrap) as running:
+        for i in range(first, first + n):
+            await running.send_score(classifier_id="c", item_id=f"i{i}", score=0.5 + 0.5 * (i % 10) / 10)
+        await producer.flush()
+
+        async def figures():
+            status, body = await running.get("/v1/classifiers/c")
+            doc = orjson.loads(body) if status == 200 else {"scores": 0, "labels_by_outcome": {}}
+            return doc["scores"], sum(doc["labels_by_outcome"].values())
+
+        async with Reviewer(running, reviewer_group, lambda req: int(req["item_id"][1:]) % 3 != 0) as reviewer:
+            async def settled():
+                scores, outcomes = await figures()
+                return scores >= first + n and len(reviewer.requests) >= 10 and \
+                    outcomes == outcomes_before + len(reviewer.requests)
+
+            try:
+                await wait_for(settled, 40, "the scores counted and every answer given an outcome")
+            except AssertionError:
+                pass
+            return *await figures(), len(reviewer.requests)
+
+
+async def test_records_of_new_topics_are_counted_and_folded(kafka_bootstrap, redis_url, unique_name):
+    topics = await service_topics(kafka_bootstrap, unique_name, 1)
+    prefix, group = unique_name("sm"), unique_name("group")
+    scores, outcomes, answered = await _run(kafka_bootstrap, redis_url, topics, prefix, group, unique_name("rev"),
+                                            0, 300, 0)
+    assert scores == 300 and outcomes == answered >= 10
+    renamed = {**topics, "scores": unique_name("scores2"), "labels": unique_name("labels2")}
+    await create_topics(kafka_bootstrap, [renamed["scores"], renamed["labels"]], partitions=1)
+    scores, outcomes_after, answered_after = await _run(kafka_bootstrap, redis_url, renamed, prefix, group,
+                                                        unique_name("rev2"), 300, 200, outcomes)
+    assert scores == 500  # before: 300, the new topic's offsets 0-199 under the old one's
+    assert outcomes_after - outcomes == answered_after  # before: the first answers on the new topic lost
