@@ -69,3 +69,34 @@ async def test_records_of_new_topics_are_counted_and_folded(kafka_bootstrap, red
                                                         unique_name("rev2"), 300, 200, outcomes)
     assert scores == 500  # before: 300, the new topic's offsets 0-199 under the old one's
     assert outcomes_after - outcomes == answered_after  # before: the first answers on the new topic lost
+
+
+async def test_a_log_that_started_again_under_the_same_name_is_reported(redis_url, unique_name, caplog):
+    """The same topic name, its log started again (created again, another cluster's): the new
+    records up to the old offsets read as replays.  Not counted (the partition's reported end can
+    lag after a leader change, and a replay counted twice would break exactly-once) but logged
+    once, as an error naming the remedy."""
+    import numpy as np
+    from redis.asyncio import Redis
+
+    from stratameter.ingest.ingestor import ScoreIngestor
+    from stratameter.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    ingest = ScoreIngestor(Store(redis, unique_name("restart")), load_settings({"STRATAMETER_REDIS_URL": redis_url}),
+                           np.random.default_rng(0))
+
+    async def apply(first: int, n: int, log_end: int) -> int:
+        offs = np.arange(first, first + n)
+        prepared = await ingest.prepare(0, offs, ["c"] * n, [f"i{o}" for o in offs], np.linspace(0.5, 0.99, n),
+                                        np.ones(n, bool), np.full(n, 1_800_000_000_000), [None] * n, log_end=log_end)
+        return await ingest.submit(prepared)
+
+    assert await apply(0, 300, 300) == 300
+    assert await apply(200, 100, 300) == 0  # a replay: nothing logged
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert await apply(0, 100, 100) == 0  # the log started again: its records read as replays
+    assert await apply(100, 100, 200) == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "started again" in errors[0] and "STRATAMETER_REDIS_KEY_PREFIX" in errors[0]
+    await redis.aclose()

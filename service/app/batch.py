@@ -118,11 +118,13 @@ class BatchHandler:
         return tp.partition if tp.topic in (scores, labels) else f"{tp.topic}:{tp.partition}"
 
     async def stage(self, tp: TopicPartition, records: Sequence[KafkaRecord], window: tuple[int, int],
-                    retry: bool = False) -> StagedBatch | None:
+                    retry: bool = False, log_end: int | None = None) -> StagedBatch | None:
         """Parse a partition batch; for scores also aggregate it into INGEST calls.
         `window`: the event times accepted (`Settings.event_time_window`); a score outside it is
         dead-lettered (``event_time_in_future`` / ``event_time_too_late``) and creates no chunk.
-        None if Redis failed meanwhile (the batch is then staged again, `retry`, and re-raises)."""
+        None if Redis failed meanwhile (the batch is then staged again, `retry`, and re-raises).
+        `log_end`: the partition's end offset as its fetch reported it (a log that started again,
+        `ScoreIngestor.prepare`)."""
         values = [r.value for r in records]
         stamps = [r.timestamp for r in records]
         offsets = _offsets(records)
@@ -140,7 +142,8 @@ class BatchHandler:
                     prepared = await self.ingestor.prepare(self.offset_field(tp), offsets[batch.index],
                                                            batch.classifier_id,
                                                            batch.item_id, batch.score, batch.predicted_positive,
-                                                           batch.event_time_ms, batch.context, reload_offsets=retry)
+                                                           batch.event_time_ms, batch.context, reload_offsets=retry,
+                                                           log_end=log_end)
             except Exception as exc:
                 if retry or not redis_outage(exc):
                     raise

@@ -63,7 +63,11 @@ class Checkpoint:
         """Stage a poll's (partition, records) pairs; None where Redis failed (`apply` redoes it).
         `window`: the event times accepted, read from the wall clock once per poll and kept
         when the poll is redone, so a retry judges each record as the first try did."""
-        return [await self.batches.stage(tp, records, window) for tp, records in work]
+        return [await self.batches.stage(tp, records, window, log_end=self._log_end(tp)) for tp, records in work]
+
+    def _log_end(self, tp: TopicPartition) -> int | None:
+        """The partition's end offset as the consumer's last fetch of it reported it (None: unknown)."""
+        return self.kafka.consumer.highwater(tp)
 
     # ---- 2. apply -----------------------------------------------------------------------
     async def apply(self, work, staged: list[StagedBatch | None], window: tuple[int, int]) -> None:
@@ -86,7 +90,7 @@ class Checkpoint:
         while True:
             try:
                 if staged is None:  # staging failed, or a retry: the whole batch again (idempotent)
-                    staged = await self.batches.stage(tp, records, window, retry=True)
+                    staged = await self.batches.stage(tp, records, window, retry=True, log_end=self._log_end(tp))
                 await self.batches.apply(tp, records, staged)
                 self.health.redis_ok()
                 return True

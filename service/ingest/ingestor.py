@@ -32,6 +32,7 @@ closes provisional it keeps in its one stratum for good (FREEZE) and samples.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ from ..state.store import ChunkCuts, Store
 from .aggregate import ClassifierRecords, build_payload, group_by_classifier, positives_by_chunk
 from .bins import ChunkBins
 
+log = logging.getLogger("stratameter")
 
 #: Predicted positives per stratum the opening batch needs to set a chunk's boundaries alone.
 OPENING_ITEMS_PER_STRATUM = 25
@@ -84,6 +86,7 @@ class PreparedBatch:
 
     partition: int
     calls: list[tuple]  # (records, (cid, partition, expected_offset, new_offset, payload))
+    log_end: int | None = None  # the partition's end offset when it was fetched (`_unapplied`)
 
 
 class ScoreIngestor:
@@ -103,6 +106,7 @@ class ScoreIngestor:
         # and INGEST refuses a call made from a copy that does not match (BINS_CHANGED)
         self._bins: dict[tuple[str, int], ChunkBins] = {}
         self._oldest_open = -1  # chunks before it have closed: `forget_closed_chunks`
+        self._restarted: set[tuple[str, object]] = set()  # (state, partition) whose log started again, logged
 
     def forget_closed_chunks(self, oldest_open: int) -> None:
         """Drop the cached cuts, cutoffs and histograms of the chunks before `oldest_open`: closed,
@@ -126,7 +130,7 @@ class ScoreIngestor:
                                                     event_ms, contexts))
 
     async def prepare(self, partition: int, offsets, classifier_ids, item_ids, scores, positive, event_ms,
-                      contexts, reload_offsets: bool = False) -> "PreparedBatch":
+                      contexts, reload_offsets: bool = False, log_end: int | None = None) -> "PreparedBatch":
         """Aggregate a batch into INGEST calls (CPU work; Redis only on a cache miss).
 
         Each call expects the classifier's stored offset to be the one this
@@ -138,6 +142,7 @@ class ScoreIngestor:
         `reload_offsets` (a retry after a Redis failure) ignores predictions:
         they may come from a later batch prepared meanwhile, and filtering this
         batch's records against them would drop records never applied.
+        `log_end`: the partition's end offset as the fetch reported it (`_unapplied`).
 
         It yields to the event loop first and after each classifier's aggregation: the
         consume pipeline stages a poll while the previous poll is applied, and without
@@ -151,7 +156,8 @@ class ScoreIngestor:
         groups = group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts)
         groups += [g.negatives(negatives_of(g.classifier_id)) for g in groups
                    if self.settings.samples_negatives(g.classifier_id)]
-        return PreparedBatch(partition, await self._calls(partition, groups, reload_offsets))
+        return PreparedBatch(partition, await self._calls(partition, groups, reload_offsets, log_end=log_end),
+                             log_end)
 
     async def submit(self, prepared: "PreparedBatch") -> int:
         """Apply prepared calls in one pipeline; re-aggregate where the offset guard refused."""
@@ -181,29 +187,30 @@ class ScoreIngestor:
                 await self._restratify(r, t)
             # from the offsets the refusals reported, not from the cache: a later batch prepared
             # meanwhile may have put its own predictions there
-            calls = await self._calls(partition, todo, base=base) if todo else []
+            calls = await self._calls(partition, todo, base=base, log_end=prepared.log_end) if todo else []
         return counted
 
     async def _calls(self, partition: int, groups: list[ClassifierRecords], reload: bool = False,
-                     base: dict[str, int] | None = None) -> list[tuple]:
+                     base: dict[str, int] | None = None, log_end: int | None = None) -> list[tuple]:
         """The INGEST calls of `groups`, each expecting the stored offset `base` gives for its
         classifier or, without `base`, the cached (written or predicted) one, loaded on a miss
         (and always with `reload`)."""
         if base is not None:
-            return await self._payloads(partition, groups, base)
+            return await self._payloads(partition, groups, base, log_end)
         need = [g.classifier_id for g in groups if reload or (g.classifier_id, partition) not in self._offsets]
         stored = await self.store.scores_offsets(need, partition) if need else {}
         self._offsets.update({(cid, partition): off for cid, off in stored.items()})
         # this batch's own view of the offsets: awaits above let other batches update the cache
         expected = {g.classifier_id: stored.get(g.classifier_id, self._offsets.get((g.classifier_id, partition), -1))
                     for g in groups}
-        return await self._payloads(partition, groups, expected)
+        return await self._payloads(partition, groups, expected, log_end)
 
-    async def _payloads(self, partition: int, groups: list[ClassifierRecords], expected: dict[str, int]
-                        ) -> list[tuple]:
-        """Aggregate the records of each group above its `expected` offset into an INGEST call,
+    async def _payloads(self, partition: int, groups: list[ClassifierRecords], expected: dict[str, int],
+                        log_end: int | None) -> list[tuple]:
+        """Aggregate the records of each group not applied yet (`_unapplied`) into an INGEST call,
         and predict the call's new offset."""
-        fresh = [r for r in (g.after(expected[g.classifier_id]) for g in groups) if r.size]
+        fresh = [r for r in (self._unapplied(g, expected[g.classifier_id], partition, log_end) for g in groups)
+                 if r.size]
         if not fresh:
             return []
         cuts = await self._ensure_chunks(fresh)
@@ -223,6 +230,26 @@ class ScoreIngestor:
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
             await asyncio.sleep(0)  # see `prepare`
         return calls
+
+    def _unapplied(self, records: ClassifierRecords, stored: int, partition, log_end: int | None
+                   ) -> ClassifierRecords:
+        """The records above the `stored` offset: those at or below it were applied (a replay).
+        Where `stored` lies at or past the partition's end offset `log_end`, the partition's log most
+        likely started again (the topic deleted and created again, or another cluster's under the
+        same name): its records up to `stored` then read as replays and are not counted, which is
+        logged once per classifier and partition as an error naming the remedy.  Not acted on: a
+        partition's reported end can lag for a moment after a leader change, and counting a replay
+        twice would break exactly-once."""
+        key = (records.classifier_id, partition)
+        if log_end is not None and stored >= log_end and records.size and key not in self._restarted:
+            self._restarted.add(key)
+            log.error("scores partition %s: the state applied up to offset %d but the partition ends at %d, so its "
+                      "log started again (the topic created again, or another cluster's under the same name) and "
+                      "its records up to offset %d are taken for replays and not counted: give the service a new "
+                      "STRATAMETER_REDIS_KEY_PREFIX and STRATAMETER_KAFKA_CONSUMER_GROUP (or the topic a new name, "
+                      "STRATAMETER_TOPIC_SCORES)", partition, stored, log_end, stored,
+                      extra={"classifier_id": records.classifier_id})
+        return records.after(stored)
 
     def _note_cutoffs(self, cid: str, cutoffs) -> None:
         for t, k, cutoff in cutoffs:
@@ -300,3 +327,4 @@ class ScoreIngestor:
             if cached is None or cached.version <= cuts.version:
                 self._cuts[key] = cuts
         return out
+
