@@ -79,6 +79,34 @@ async def test_redis_restart_loses_and_duplicates_nothing(kafka_bootstrap, uniqu
             assert orjson.loads(body)["population"] == 1300
 
 
+async def test_a_redis_restarted_without_persistence_is_seen_as_a_lost_state(kafka_bootstrap, unique_name):
+    """The same restart with a Redis that keeps nothing (no AOF, no snapshot): the service sees the
+    loss (`app.state_watch`), counts it, and reports the chunk under way incomplete, counted from
+    the restart: the records the outage held back, not the 500 Redis forgot."""
+    with EmbeddedRedis() as redis:
+        async with running_service(kafka_bootstrap, redis.url, unique_name, STRATA="2") as run:
+            now = int(time.time() * 1000)
+            for i in range(500):
+                await run.send_score(classifier_id="r", item_id=f"a{i}", score=0.6 + i / 2000, event_time=now)
+            await wait_for(lambda: _scores_at_least(run, "r", 500), 30, "first scores")
+            redis.stop()
+            for i in range(800):
+                await run.send_score(classifier_id="r", item_id=f"b{i}", score=0.6 + i / 2000, event_time=now)
+            await run.producer.flush()
+            await wait_for(lambda: _not_ready(run), 15, "/readyz to report the outage")
+            redis.start()
+            await wait_for(lambda: _ready(run), 30, "recovery")
+            await wait_for(lambda: _scores_at_least(run, "r", 800), 60, "the backlog")
+            await asyncio.sleep(2)
+            status, body = await run.get("/v1/classifiers/r")
+            doc = orjson.loads(body)
+            assert doc["scores"] == 800 and doc["population"] == 800
+            assert doc["complete"] is False and doc["estimate"] is None and doc["pending"] == 0
+            status, metrics = await run.get("/metrics")
+            assert "stratameter_redis_state_lost_total 1.0" in metrics.decode()
+            assert run.service.state_watch.losses == 1
+
+
 def _redis_errors(response) -> dict[tuple[str, str], float]:
     """``stratameter_redis_errors_total`` of a /metrics response, by (operation, cause)."""
     status, body = response
