@@ -98,5 +98,33 @@ async def test_a_log_that_started_again_under_the_same_name_is_reported(redis_ur
     assert await apply(0, 100, 100) == 0  # the log started again: its records read as replays
     assert await apply(100, 100, 200) == 0
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 1 and "started again" in errors[0] and "STRATAMETER_REDIS_KEY_PREFIX" in errors[0]
+    assert len(errors) == 1 and errors[0].startswith("scores partition 0")
+    assert "STRATAMETER_REDIS_KEY_PREFIX" in errors[0]
+    await redis.aclose()
+
+
+async def test_label_answers_of_a_log_that_started_again_are_reported(redis_url, unique_name, caplog):
+    """The same for the labels topic: answers up to the old offset come back as LABEL replays, logged once."""
+    from redis.asyncio import Redis
+
+    from stratameter.labels.folder import LabelFolder
+    from stratameter.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("labels"))
+    await redis.hset(store.keys.meta("c"), "first_seen_ms", 1)
+    folder = LabelFolder(store)
+
+    async def fold(first: int, n: int, log_end: int) -> list[str]:
+        offs = list(range(first, first + n))
+        return [o.outcome for o in await folder.apply(0, offs, [f"c/none{o}" for o in offs], [True] * n, [None] * n,
+                                                      log_end)]
+
+    assert await fold(0, 20, 20) == ["unknown"] * 20
+    assert await fold(10, 10, 20) == ["replay"] * 10  # a replay: nothing logged
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert await fold(0, 5, 5) == ["replay"] * 5  # the log started again
+    assert await fold(5, 5, 10) == ["replay"] * 5
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith("labels partition 0") and "started again" in errors[0]
     await redis.aclose()

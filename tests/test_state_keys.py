@@ -520,6 +520,6 @@ async def test_cluster_batches_run_per_classifier_in_order_and_reload_scripts(re
         for cid in cids:
             assert await redis.hget(store.keys.labels_offsets(cid), "0") == b"4"
             assert await redis.hget(store.keys.counters(cid), "labels_unknown") == b"5"
-        assert await store.apply_labels(calls[:3]) == [["replay"]] * 3
+        assert await store.apply_labels(calls[:3]) == [["replay", "4"]] * 3  # with the offset applied
     finally:
         await redis.aclose()

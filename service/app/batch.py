@@ -164,23 +164,25 @@ class BatchHandler:
                             f"(STRATAMETER_MAX_CLASSIFIERS)"))
         return batch.subset(keep)
 
-    async def apply(self, tp: TopicPartition, records: Sequence[KafkaRecord], staged: StagedBatch) -> None:
-        """Apply a staged partition batch: state, service-wide counts, dead letters (acked)."""
+    async def apply(self, tp: TopicPartition, records: Sequence[KafkaRecord], staged: StagedBatch,
+                    log_end: int | None = None) -> None:
+        """Apply a staged partition batch: state, service-wide counts, dead letters (acked).
+        `log_end`: as for `stage`."""
         offsets, batch, rejects = staged.offsets, staged.batch, staged.rejects
         if staged.prepared is not None:
             await self.ingestor.submit(staged.prepared)
         elif tp.topic != self.settings.topic_scores and batch.index.size:
-            await self._fold_labels(tp, staged)
+            await self._fold_labels(tp, staged, log_end)
         invalid = {int(offsets[i]): reason for i, reason, _ in rejects if reason not in _LABEL_REJECT_REASONS}
         await self.counts.add_invalid(tp.topic, tp.partition, invalid, int(offsets[-1]))
         await self.dead_letters.send(tp, records, rejects)
 
-    async def _fold_labels(self, tp: TopicPartition, staged: StagedBatch) -> None:
+    async def _fold_labels(self, tp: TopicPartition, staged: StagedBatch, log_end: int | None) -> None:
         """Fold the labels; a label not folded (unknown request, duplicate, expired) is
         dead-lettered with its outcome, and one naming no classifier counted service-wide."""
         offsets, batch = staged.offsets, staged.batch
         outcomes = await self.folder.apply(self.offset_field(tp), offsets[batch.index], batch.request_id, batch.label,
-                                           batch.labeler_id)
+                                           batch.labeler_id, log_end)
         unknown_global = []
         for o in outcomes:
             pos = int(batch.index[o.index])

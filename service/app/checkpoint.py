@@ -91,7 +91,7 @@ class Checkpoint:
             try:
                 if staged is None:  # staging failed, or a retry: the whole batch again (idempotent)
                     staged = await self.batches.stage(tp, records, window, retry=True, log_end=self._log_end(tp))
-                await self.batches.apply(tp, records, staged)
+                await self.batches.apply(tp, records, staged, self._log_end(tp))
                 self.health.redis_ok()
                 return True
             except Exception as exc:

@@ -32,7 +32,6 @@ closes provisional it keeps in its one stratum for good (FREEZE) and samples.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 
@@ -41,12 +40,11 @@ import numpy as np
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
 from ..state.keys import ingest_chunks, negatives_of, owner_of
+from ..state.offsets import RestartedLogs
 from ..state.scripts import encode_ingest
 from ..state.store import ChunkCuts, Store
 from .aggregate import ClassifierRecords, build_payload, group_by_classifier, positives_by_chunk
 from .bins import ChunkBins
-
-log = logging.getLogger("stratameter")
 
 #: Predicted positives per stratum the opening batch needs to set a chunk's boundaries alone.
 OPENING_ITEMS_PER_STRATUM = 25
@@ -106,7 +104,7 @@ class ScoreIngestor:
         # and INGEST refuses a call made from a copy that does not match (BINS_CHANGED)
         self._bins: dict[tuple[str, int], ChunkBins] = {}
         self._oldest_open = -1  # chunks before it have closed: `forget_closed_chunks`
-        self._restarted: set[tuple[str, object]] = set()  # (state, partition) whose log started again, logged
+        self._restarted = RestartedLogs("scores")
 
     def forget_closed_chunks(self, oldest_open: int) -> None:
         """Drop the cached cuts, cutoffs and histograms of the chunks before `oldest_open`: closed,
@@ -233,22 +231,10 @@ class ScoreIngestor:
 
     def _unapplied(self, records: ClassifierRecords, stored: int, partition, log_end: int | None
                    ) -> ClassifierRecords:
-        """The records above the `stored` offset: those at or below it were applied (a replay).
-        Where `stored` lies at or past the partition's end offset `log_end`, the partition's log most
-        likely started again (the topic deleted and created again, or another cluster's under the
-        same name): its records up to `stored` then read as replays and are not counted, which is
-        logged once per classifier and partition as an error naming the remedy.  Not acted on: a
-        partition's reported end can lag for a moment after a leader change, and counting a replay
-        twice would break exactly-once."""
-        key = (records.classifier_id, partition)
-        if log_end is not None and stored >= log_end and records.size and key not in self._restarted:
-            self._restarted.add(key)
-            log.error("scores partition %s: the state applied up to offset %d but the partition ends at %d, so its "
-                      "log started again (the topic created again, or another cluster's under the same name) and "
-                      "its records up to offset %d are taken for replays and not counted: give the service a new "
-                      "STRATAMETER_REDIS_KEY_PREFIX and STRATAMETER_KAFKA_CONSUMER_GROUP (or the topic a new name, "
-                      "STRATAMETER_TOPIC_SCORES)", partition, stored, log_end, stored,
-                      extra={"classifier_id": records.classifier_id})
+        """The records above the `stored` offset: those at or below it were applied (a replay, or
+        a log that started again: `state.offsets`)."""
+        if records.size and records.offsets[0] <= stored:
+            self._restarted.check(records.classifier_id, partition, stored, log_end)
         return records.after(stored)
 
     def _note_cutoffs(self, cid: str, cutoffs) -> None:

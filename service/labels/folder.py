@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from stratameter.schemas.messages import is_classifier_id
 
 from ..state.keys import owner_of
+from ..state.offsets import RestartedLogs
 from ..state.store import Store
 
 
@@ -40,9 +41,12 @@ class LabelOutcome:
 class LabelFolder:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._restarted = RestartedLogs("labels")
 
-    async def apply(self, partition: int, offsets, request_ids, labels, labelers) -> list[LabelOutcome]:
-        """Fold a parsed batch; returns one outcome per record.
+    async def apply(self, partition: int, offsets, request_ids, labels, labelers,
+                    log_end: int | None = None) -> list[LabelOutcome]:
+        """Fold a parsed batch; returns one outcome per record.  `log_end`: the partition's end
+        offset as its fetch reported it (a replay from a log that started again, `state.offsets`).
 
         Request ids that name no classifier, or one with no state (made up),
         cannot be routed to any state and are reported as ``unknown`` with
@@ -63,6 +67,10 @@ class LabelFolder:
                 outcome = res[0]
                 if outcome == "no_state":  # a made-up classifier part: no state, no key created
                     out.append(LabelOutcome(i, "", "unknown"))
+                    continue
+                if outcome == "replay":  # with the offset the state applied
+                    self._restarted.check(cid, partition, int(res[1]), log_end)
+                    out.append(LabelOutcome(i, cid, outcome))
                     continue
                 chunk = int(res[1]) if len(res) > 1 else None
                 stratum = int(res[2]) if len(res) > 2 else None

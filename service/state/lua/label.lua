@@ -15,11 +15,11 @@
 -- Deadline: an answer to a request whose deadline (deadline_ms) is at or before now_ms is
 -- `expired` even when EXPIRE has not swept the request yet (the request loop runs it about once
 -- a tick): this call then expires the request as EXPIRE would (replaced in its stratum).
--- Returns {outcome[, chunk, stratum]}: replay, retry, no_state, unknown, duplicate, expired,
--- skipped, accepted.
+-- Returns {outcome[, chunk, stratum]}: replay (with the stored offset), retry, no_state, unknown,
+-- duplicate, expired, skipped, accepted.
 local okey, cnt, pending, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
-if tonumber(ARGV[2]) <= stored then return {'replay'} end
+if tonumber(ARGV[2]) <= stored then return {'replay', tostring(stored)} end
 if ARGV[8] ~= '' and stored < tonumber(ARGV[8]) then return {'retry'} end
 local st = redis.call('HGET', rk, 'state')
 local chunk = redis.call('HGET', rk, 'chunk')

@@ -1,0 +1,32 @@
+"""What the offset guards (INGEST, LABEL, GLOBAL_COUNT) cannot tell apart: a replay, and the records
+of a partition whose log started again under the same topic name (the topic deleted and created
+again, or another cluster's).  Both come at or below the offset the state applied; only the
+partition's end offset, as the fetch reports it, says which (a log's offsets only grow)."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("stratameter")
+
+
+class RestartedLogs:
+    """Logs, once per state and partition, records taken for replays of a partition whose log
+    started again.  Not acted on: a reported end can lag for a moment after a leader change,
+    and counting a replay twice would break exactly-once."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic  # what the records are, for the message: "scores", "labels"
+        self._logged: set[tuple[str, object]] = set()
+
+    def check(self, state_id: str, partition, stored: int, log_end: int | None) -> None:
+        """Note records at or below `stored` on `partition`, whose end offset is `log_end`."""
+        key = (state_id, partition)
+        if log_end is None or stored < log_end or key in self._logged:
+            return
+        self._logged.add(key)
+        log.error("%s partition %s: the state applied up to offset %d but the partition ends at %d, so its log "
+                  "started again (the topic created again, or another cluster's under the same name) and its records "
+                  "up to offset %d are taken for replays and not counted: give the service a new "
+                  "STRATAMETER_REDIS_KEY_PREFIX and STRATAMETER_KAFKA_CONSUMER_GROUP (or the topic a new name)",
+                  self.topic, partition, stored, log_end, stored, extra={"classifier_id": state_id})
