@@ -56,27 +56,33 @@ async def test_kafka_outage_behind_proxy(kafka_bootstrap, kafka_proxy, redis_url
         assert await _scores(run, "k") == 1200
 
 
+async def _restarted_mid_stream(run, redis, outage_s: float, counted: int) -> dict:
+    """500 scores counted, Redis stopped, 800 more sent meanwhile, Redis started after `outage_s`;
+    the classifier's document once `counted` scores are."""
+    now = int(time.time() * 1000)
+    for i in range(500):
+        await run.send_score(classifier_id="r", item_id=f"a{i}", score=0.6 + i / 2000, event_time=now)
+    await wait_for(lambda: _scores_at_least(run, "r", 500), 30, "first scores")
+    redis.stop()
+    for i in range(800):
+        await run.send_score(classifier_id="r", item_id=f"b{i}", score=0.6 + i / 2000, event_time=now)
+    await run.producer.flush()
+    await wait_for(lambda: _not_ready(run), 15, "/readyz to report the outage")
+    await asyncio.sleep(outage_s)
+    redis.start()
+    await wait_for(lambda: _ready(run), 30, "recovery")
+    await wait_for(lambda: _scores_at_least(run, "r", counted), 60, "the backlog")
+    await asyncio.sleep(2)
+    status, body = await run.get("/v1/classifiers/r")
+    return orjson.loads(body)
+
+
 async def test_redis_restart_loses_and_duplicates_nothing(kafka_bootstrap, unique_name, tmp_path):
     # a Redis with an append-only file, as production runs it, so its data survives the restart
     with EmbeddedRedis(extra_args=["--appendonly", "yes", "--appendfsync", "always"]) as redis:
         async with running_service(kafka_bootstrap, redis.url, unique_name, STRATA="2") as run:
-            now = int(time.time() * 1000)
-            for i in range(500):
-                await run.send_score(classifier_id="r", item_id=f"a{i}", score=0.6 + i / 2000, event_time=now)
-            await wait_for(lambda: _scores_at_least(run, "r", 500), 30, "first scores")
-            redis.stop()
-            for i in range(800):
-                await run.send_score(classifier_id="r", item_id=f"b{i}", score=0.6 + i / 2000, event_time=now)
-            await run.producer.flush()
-            await wait_for(lambda: _not_ready(run), 15, "/readyz to report the outage")
-            await asyncio.sleep(OUTAGE_S)
-            redis.start()
-            await wait_for(lambda: _ready(run), 30, "recovery")
-            await wait_for(lambda: _scores_at_least(run, "r", 1300), 60, "the backlog")
-            await asyncio.sleep(2)
-            assert await _scores(run, "r") == 1300
-            status, body = await run.get("/v1/classifiers/r")
-            assert orjson.loads(body)["population"] == 1300
+            doc = await _restarted_mid_stream(run, redis, OUTAGE_S, 1300)
+            assert doc["scores"] == 1300 and doc["population"] == 1300
 
 
 async def test_a_redis_restarted_without_persistence_is_seen_as_a_lost_state(kafka_bootstrap, unique_name):
@@ -85,21 +91,7 @@ async def test_a_redis_restarted_without_persistence_is_seen_as_a_lost_state(kaf
     the restart: the records the outage held back, not the 500 Redis forgot."""
     with EmbeddedRedis() as redis:
         async with running_service(kafka_bootstrap, redis.url, unique_name, STRATA="2") as run:
-            now = int(time.time() * 1000)
-            for i in range(500):
-                await run.send_score(classifier_id="r", item_id=f"a{i}", score=0.6 + i / 2000, event_time=now)
-            await wait_for(lambda: _scores_at_least(run, "r", 500), 30, "first scores")
-            redis.stop()
-            for i in range(800):
-                await run.send_score(classifier_id="r", item_id=f"b{i}", score=0.6 + i / 2000, event_time=now)
-            await run.producer.flush()
-            await wait_for(lambda: _not_ready(run), 15, "/readyz to report the outage")
-            redis.start()
-            await wait_for(lambda: _ready(run), 30, "recovery")
-            await wait_for(lambda: _scores_at_least(run, "r", 800), 60, "the backlog")
-            await asyncio.sleep(2)
-            status, body = await run.get("/v1/classifiers/r")
-            doc = orjson.loads(body)
+            doc = await _restarted_mid_stream(run, redis, 0, 800)
             assert doc["scores"] == 800 and doc["population"] == 800
             assert doc["complete"] is False and doc["estimate"] is None and doc["pending"] == 0
             status, metrics = await run.get("/metrics")
