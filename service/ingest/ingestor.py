@@ -46,6 +46,7 @@ from ..state.store import ChunkCuts, Store
 from .aggregate import ClassifierRecords, build_payload, group_by_classifier, positives_by_chunk
 from .bins import ChunkBins
 
+
 #: Predicted positives per stratum the opening batch needs to set a chunk's boundaries alone.
 OPENING_ITEMS_PER_STRATUM = 25
 #: INGEST refusal reasons (see scripts.INGEST): stale cuts; the provisional chunk needs RESTRATIFY;
@@ -313,4 +314,3 @@ class ScoreIngestor:
             if cached is None or cached.version <= cuts.version:
                 self._cuts[key] = cuts
         return out
-
