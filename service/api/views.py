@@ -188,9 +188,11 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     complete = {t: streams.counted_whole(t, cfg.chunk_seconds, None if unpaired is None else int(unpaired))
                 if other else None for t in ids}
     whole = {t: streams.counted_whole(t, cfg.chunk_seconds, store.lost_through_ms) for t in ids}
-    calibrations = {t: await chunk_calibrations(store, [(sid, f.get(t), sid == cid) for sid, f in zip(sides, found)],
-                                                cfg, is_closed(t, cfg, now_s), wanted_metrics)
-                    for t in ids[-cfg.chunk_retention:] if t in found[0] and whole[t]}  # older: no histogram kept
+    calibrations = {}
+    for t in ids[-cfg.chunk_retention:]:  # older: no histogram kept
+        if t in found[0] and whole[t]:
+            by_side, metrics = _calibrated(t, cid, sides, found, wanted_metrics, complete[t])
+            calibrations[t] = await chunk_calibrations(store, by_side, cfg, is_closed(t, cfg, now_s), metrics)
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
                          found[1].get(t) if len(found) > 1 else None, calibrations.get(t), complete[t], whole[t])
               for t in ids]
@@ -228,6 +230,14 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
                                                                         int(now_s) % 3600)) - issued)
     doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc
+
+
+def _calibrated(t: int, cid: str, sides: list[str], found: list[dict], metrics: tuple, negatives_complete):
+    """The sides and metrics of chunk `t` the difference estimator is computed for: precision's
+    alone from the predicted positives where the negatives are not complete (the metrics that need
+    them are null there, `chunk_view`)."""
+    by_side = [(sid, f.get(t), sid == cid) for sid, f in zip(sides, found)]
+    return (by_side[:1], ("precision",)) if negatives_complete is False else (by_side, metrics)
 
 
 def _lead(positives: ChunkState | None, negatives: ChunkState | None, cfg, t: int) -> ChunkState:
