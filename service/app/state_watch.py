@@ -44,8 +44,8 @@ class StateWatch:
                 await self._lost("there was no state at start, but the consumer group "
                                  f"{self.settings.kafka_consumer_group!r} has committed offsets on "
                                  f"{self.settings.topic_scores!r}")
-            self._watching = True
-            await self.check()
+            else:
+                self.store.lost_through_ms = (await self.store.state_marks())[1]
         except Exception as exc:  # noqa: BLE001 - never keeps the service from starting
             log.warning("could not check whether Redis lost the state: %s", describe(exc))
         self._watching = True
