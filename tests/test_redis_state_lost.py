@@ -100,7 +100,7 @@ async def test_a_state_lost_while_running_leaves_the_chunk_under_way_incomplete(
     port = find_free_port()
     service = Service(load_settings(_env(
         kafka_bootstrap, redis_url, topics, unique_name("group"), prefix, HTTP_PORT=str(port), CHUNK_SECONDS="20",
-        ALLOWED_LATENESS_SECONDS="600", DELTA="0.1", MAX_LABELS_PER_HOUR="20000")))
+        ALLOWED_LATENESS_SECONDS="600", DELTA="0.1", CONFIDENCE="0.999", MAX_LABELS_PER_HOUR="20000")))
     a_score, a_y = _population(600, 1)
     b_score, b_y = _population(1500, 2)
     redis = Redis.from_url(redis_url)
