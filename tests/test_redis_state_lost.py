@@ -198,3 +198,23 @@ async def test_ingest_opens_a_chunk_again_whose_state_is_gone(redis_url, unique_
     (cs,) = await store.chunks("c", [t])
     assert int(cs.N.sum()) == 300 and cs.strata == 4
     await redis.aclose()
+
+
+async def test_a_loss_notes_the_topics_the_offsets_are_written_under(redis_url, unique_name):
+    """A process running on renamed topics keeps its offsets under ``<topic>:<partition>``
+    (`app.batch.BatchHandler.offset_field`), also after a loss it saw while running; the next start
+    must read the same first topics (before: it noted its own, so their offsets moved to the bare
+    partition fields, and the records between the committed and the applied offset were counted
+    again)."""
+    from stratameter.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    prefix = unique_name("topics")
+    running = Store(redis, prefix)
+    assert await running.noted_topics("scores2", "labels2") == ("scores2", "labels2")
+    await redis.hset(Keys(prefix).settings, mapping={"topic_scores": "scores1", "topic_labels": "labels1"})
+    running.first_topics = ("scores1", "labels1")  # what a start on the renamed topics read
+    assert await _delete_state(redis, prefix) > 0
+    await running.note_state_lost(1_800_000_000_000, 600, 1_800_000_000_000)
+    assert await Store(redis, prefix).noted_topics("scores2", "labels2") == ("scores1", "labels1")
+    await redis.aclose()

@@ -104,9 +104,6 @@ class BatchHandler:
         self.settings, self.ingestor, self.folder = settings, ingestor, folder
         self.counts, self.dead_letters, self.wake = counts, dead_letters, wake
         self.admission = ClassifierAdmission(ingestor.store, settings.max_classifiers)
-        #: the scores and labels topics the state's offsets were first written from (`Store.noted_topics`,
-        #: set by the service's start checks); None: the configured ones
-        self.noted_topics: tuple[str, str] | None = None
 
     def offset_field(self, tp: TopicPartition) -> int | str:
         """The name the state keeps a partition's last applied offset under (the offset guards of
@@ -114,7 +111,7 @@ class BatchHandler:
         written from, ``<topic>:<partition>`` for any other.  Offsets count the records of one topic,
         and a new one (renamed, on another cluster) numbers its records from 0 again: under the
         old partition's offset its records read as replays and were dropped without a word."""
-        scores, labels = self.noted_topics or (self.settings.topic_scores, self.settings.topic_labels)
+        scores, labels = self.ingestor.store.first_topics or (self.settings.topic_scores, self.settings.topic_labels)
         return tp.partition if tp.topic in (scores, labels) else f"{tp.topic}:{tp.partition}"
 
     async def stage(self, tp: TopicPartition, records: Sequence[KafkaRecord], window: tuple[int, int],

@@ -85,23 +85,18 @@ async def probe_redis(redis: Redis, keys: Keys, instance: str) -> None:
     await redis.set(keys.probe(instance), b"1", px=int(1000 * READY_WINDOW_S))
 
 
-async def check_redis(redis: Redis, settings: Settings, store=None) -> bool:
+async def check_redis(redis: Redis, settings: Settings) -> bool:
     """At start: raise `StartupError` (a message without secrets) when Redis rejects the
-    credentials or, given the service's `store`, holds state written with another chunk length
-    (`check_chunk_seconds`); Redis being merely down is reported by readiness instead.  Returns
-    whether Redis answered (so the chunk length is checked, given `store`)."""
+    credentials; Redis being merely down is reported by readiness instead.  Returns whether
+    Redis answered."""
     try:
         await asyncio.wait_for(redis.ping(), PROBE_INTERVAL_S)
-        if store is not None:
-            await check_chunk_seconds(store, settings)
         return True
     except AuthenticationError as exc:
         user = settings.redis_username or urlsplit(settings.redis_url).username or "default"
         raise StartupError(f"Redis at {mask_url(settings.redis_url)} rejected the credentials of user "
                            f"{user!r}: {describe(exc)} (check STRATAMETER_REDIS_USERNAME / "
                            "STRATAMETER_REDIS_PASSWORD)") from None
-    except StartupError:
-        raise
     except Exception as exc:  # noqa: BLE001 - down or unreachable: readiness reports it, we keep trying
         log.warning("redis not reachable at start: %s", describe(exc))
         return False
@@ -112,14 +107,13 @@ async def check_chunk_seconds(store, settings: Settings) -> None:
     ``CHUNK_SECONDS``: a chunk id counts chunks of that length since the epoch, so under another
     one the old ids would read as chunks of other times (a longer chunk put them centuries ahead,
     where they counted as the newest: the retention purged the chunk being sampled and then never
-    purged again).  The first start notes the length.  Returns True."""
+    purged again).  The first start notes the length."""
     stored = await store.stored_chunk_seconds(settings.chunk_seconds)
     if stored != settings.chunk_seconds:
         raise StartupError(
             f"STRATAMETER_CHUNK_SECONDS is {settings.chunk_seconds}, but the state under "
             f"STRATAMETER_REDIS_KEY_PREFIX {settings.redis_key_prefix!r} was written with {stored}-second chunks: "
             f"keep {stored}, or give the new length a key prefix of its own (its state starts empty)")
-    return True
 
 
 async def once_redis_answers(call: Callable[[], Awaitable], stopping: asyncio.Event):

@@ -56,8 +56,7 @@ class Service:
         self.redis = connect(settings)
         self.store = Store(self.redis, settings.redis_key_prefix)
         self.stopping = asyncio.Event()
-        self._chunk_checked = False  # `check_chunk_seconds` passed: the writing loops may run
-        self._started_checks = False  # `_start_checks` done
+        self._started_checks = False  # `_start_checks` passed: the writing loops may run
         self.wake = asyncio.Event()  # state changed: the request loop looks again
         self.started_at = time.time()
         self.lag: dict[tuple[str, int], int] = {}
@@ -101,9 +100,9 @@ class Service:
         bootstrapped; Redis being merely down is reported by readiness instead (`_once_checked`).
         Then `_start_checks`, if Redis answered."""
         tune_gc()
-        self._chunk_checked = await check_redis(self.redis, self.settings, self.store)
+        answered = await check_redis(self.redis, self.settings)
         await self.kafka.start()
-        if self._chunk_checked:
+        if answered:
             await self._start_checks()
 
     def spawn(self, requests: bool = True) -> list[asyncio.Task]:
@@ -118,42 +117,40 @@ class Service:
         return [asyncio.create_task(c) for c in loops]
 
     async def _once_checked(self, loop) -> None:
-        """`loop()` once the chunk length the state was written with is checked (at start if Redis
-        answered, else as soon as it does), then `_start_checks`, so nothing is written under another
-        length; another one ends this task, and the process with exit code 1."""
+        """`loop()` once `_start_checks` passed (at start if Redis answered, else as soon as it does),
+        so nothing is written under another chunk length or before a loss is noted; another chunk
+        length ends this task, and the process with exit code 1."""
         try:
-            if not self._chunk_checked:
-                self._chunk_checked = bool(await once_redis_answers(
-                    lambda: check_chunk_seconds(self.store, self.settings), self.stopping))
-            if self._chunk_checked:
-                await self._start_checks()
+            checked = await self._start_checks()
         except StartupError as exc:
             log.error("cannot go on: %s", exc)
             raise
-        if self._chunk_checked and self._started_checks:
+        if checked:
             await loop()
 
-    async def _start_checks(self) -> None:
-        """Once, before anything is written: which topics the state's offsets count
-        (`BatchHandler.offset_field`), then whether Redis lost the state while the service was
-        away (`state_watch`)."""
+    async def _start_checks(self) -> bool:
+        """Once, before anything is written: the chunk length the state was written with
+        (`check_chunk_seconds`), which topics its offsets count (`BatchHandler.offset_field`), then
+        whether Redis lost the state while the service was away (`state_watch`).  False if the
+        service stops first."""
         async with self._checking:
-            if self._started_checks:
-                return
-            topics = await once_redis_answers(
-                lambda: self.store.noted_topics(self.settings.topic_scores, self.settings.topic_labels), self.stopping)
-            if topics is None:  # stopping
-                return
-            self.batches.noted_topics = topics
-            await self.state_watch.check_at_start()
-            self._started_checks = True
+            if not self._started_checks:
+                if await once_redis_answers(self._note_settings, self.stopping) is None:  # stopping
+                    return False
+                await self.state_watch.check_at_start()
+                self._started_checks = True
+            return True
+
+    async def _note_settings(self) -> tuple[str, str]:
+        await check_chunk_seconds(self.store, self.settings)
+        return await self.store.noted_topics(self.settings.topic_scores, self.settings.topic_labels)
 
     async def _probe_kafka(self) -> None:
         await self.kafka.producer.client.fetch_all_metadata()
 
     async def _probe_redis(self) -> None:
         await probe_redis(self.redis, self.store.keys, self.settings.instance_id)
-        if self._chunk_checked:
+        if self._started_checks:
             await self.state_watch.check()
 
     async def stop(self) -> None:

@@ -65,7 +65,7 @@ Service-wide ``<prefix>:{_global}:...``
   labels_unknown      hash   "unknown" -> labels whose request id names no classifier
   settings            hash   chunk_seconds: the chunk length the state was written with (chunk ids
                              count chunks of it; the service refuses to start with another,
-                             `app.probes.check_redis`); started_ms: when the state began;
+                             `app.probes.check_chunk_seconds`); started_ms: when the state began;
                              lost_through_ms: the latest event time of a record counted in a
                              state Redis lost (`app.state_watch`); topic_scores, topic_labels: the
                              topics the offsets were first written from (`Store.noted_topics`)

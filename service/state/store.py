@@ -49,6 +49,9 @@ class Store(Reads, ScriptCalls):
         self._registered: dict[str, float] = {}  # classifier -> time.monotonic() of its last SADD
         #: this process's copy of the service-wide ``lost_through_ms`` (`app.state_watch`)
         self.lost_through_ms: int | None = None
+        #: the scores and labels topics the state's offsets were first written from (`noted_topics`);
+        #: None: not read yet (the configured ones)
+        self.first_topics: tuple[str, str] | None = None
 
     def forget_registrations(self) -> None:
         """Add every classifier to the set again at its next batch (the set was lost)."""
@@ -406,7 +409,8 @@ class Store(Reads, ScriptCalls):
         pipe.hsetnx(self.keys.settings, "topic_labels", labels)
         pipe.hmget(self.keys.settings, "topic_scores", "topic_labels")
         noted = (await pipe.execute())[2]
-        return noted[0].decode(), noted[1].decode()
+        self.first_topics = noted[0].decode(), noted[1].decode()
+        return self.first_topics
 
     async def begin_state(self, now_ms: int) -> bool:
         """Note when the state under this prefix began (``settings`` ``started_ms``) unless noted;
@@ -421,9 +425,13 @@ class Store(Reads, ScriptCalls):
     async def note_state_lost(self, through_ms: int, chunk_seconds: int, now_ms: int) -> None:
         """Note that the records of event times up to `through_ms` were counted in a state Redis
         lost (``settings`` ``lost_through_ms``, `stats.streams.counted_whole`), and the settings
-        a start notes, so the loss is seen once."""
+        a start notes, so the loss is seen once (the first topics as this process knows them: the
+        offsets written since are under their fields, `app.batch.BatchHandler.offset_field`)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hsetnx(self.keys.settings, "chunk_seconds", chunk_seconds)
+        if self.first_topics:
+            pipe.hsetnx(self.keys.settings, "topic_scores", self.first_topics[0])
+            pipe.hsetnx(self.keys.settings, "topic_labels", self.first_topics[1])
         pipe.hsetnx(self.keys.settings, "started_ms", now_ms)
         pipe.hset(self.keys.settings, "lost_through_ms", through_ms)
         await pipe.execute()
