@@ -85,7 +85,6 @@ class PreparedBatch:
 
     partition: int
     calls: list[tuple]  # (records, (cid, partition, expected_offset, new_offset, payload))
-    log_end: int | None = None  # the partition's end offset when it was fetched (`_unapplied`)
 
 
 class ScoreIngestor:
@@ -106,6 +105,7 @@ class ScoreIngestor:
         self._bins: dict[tuple[str, int], ChunkBins] = {}
         self._oldest_open = -1  # chunks before it have closed: `forget_closed_chunks`
         self._restarted = RestartedLogs("scores")
+        self._log_ends: dict[object, int | None] = {}  # partition -> its end offset at the last fetch (`prepare`)
 
     def forget_closed_chunks(self, oldest_open: int) -> None:
         """Drop the cached cuts, cutoffs and histograms of the chunks before `oldest_open`: closed,
@@ -121,6 +121,7 @@ class ScoreIngestor:
         """Drop cached offsets of a partition this instance no longer owns."""
         for key in [k for k in self._offsets if k[1] == partition]:
             del self._offsets[key]
+        self._log_ends.pop(partition, None)
 
     async def apply(self, partition: int, offsets, classifier_ids, item_ids, scores, positive, event_ms,
                     contexts) -> int:
@@ -141,7 +142,7 @@ class ScoreIngestor:
         `reload_offsets` (a retry after a Redis failure) ignores predictions:
         they may come from a later batch prepared meanwhile, and filtering this
         batch's records against them would drop records never applied.
-        `log_end`: the partition's end offset as the fetch reported it (`_unapplied`).
+        `log_end`: the partition's end offset as the fetch reported it (kept for `_unapplied`).
 
         It yields to the event loop first and after each classifier's aggregation: the
         consume pipeline stages a poll while the previous poll is applied, and without
@@ -155,8 +156,8 @@ class ScoreIngestor:
         groups = group_by_classifier(offsets, classifier_ids, item_ids, scores, positive, event_ms, contexts)
         groups += [g.negatives(negatives_of(g.classifier_id)) for g in groups
                    if self.settings.samples_negatives(g.classifier_id)]
-        return PreparedBatch(partition, await self._calls(partition, groups, reload_offsets, log_end=log_end),
-                             log_end)
+        self._log_ends[partition] = log_end
+        return PreparedBatch(partition, await self._calls(partition, groups, reload_offsets))
 
     async def submit(self, prepared: "PreparedBatch") -> int:
         """Apply prepared calls in one pipeline; re-aggregate where the offset guard refused."""
@@ -186,30 +187,29 @@ class ScoreIngestor:
                 await self._restratify(r, t)
             # from the offsets the refusals reported, not from the cache: a later batch prepared
             # meanwhile may have put its own predictions there
-            calls = await self._calls(partition, todo, base=base, log_end=prepared.log_end) if todo else []
+            calls = await self._calls(partition, todo, base=base) if todo else []
         return counted
 
     async def _calls(self, partition: int, groups: list[ClassifierRecords], reload: bool = False,
-                     base: dict[str, int] | None = None, log_end: int | None = None) -> list[tuple]:
+                     base: dict[str, int] | None = None) -> list[tuple]:
         """The INGEST calls of `groups`, each expecting the stored offset `base` gives for its
         classifier or, without `base`, the cached (written or predicted) one, loaded on a miss
         (and always with `reload`)."""
         if base is not None:
-            return await self._payloads(partition, groups, base, log_end)
+            return await self._payloads(partition, groups, base)
         need = [g.classifier_id for g in groups if reload or (g.classifier_id, partition) not in self._offsets]
         stored = await self.store.scores_offsets(need, partition) if need else {}
         self._offsets.update({(cid, partition): off for cid, off in stored.items()})
         # this batch's own view of the offsets: awaits above let other batches update the cache
         expected = {g.classifier_id: stored.get(g.classifier_id, self._offsets.get((g.classifier_id, partition), -1))
                     for g in groups}
-        return await self._payloads(partition, groups, expected, log_end)
+        return await self._payloads(partition, groups, expected)
 
-    async def _payloads(self, partition: int, groups: list[ClassifierRecords], expected: dict[str, int],
-                        log_end: int | None) -> list[tuple]:
+    async def _payloads(self, partition: int, groups: list[ClassifierRecords], expected: dict[str, int]
+                        ) -> list[tuple]:
         """Aggregate the records of each group not applied yet (`_unapplied`) into an INGEST call,
         and predict the call's new offset."""
-        fresh = [r for r in (self._unapplied(g, expected[g.classifier_id], partition, log_end) for g in groups)
-                 if r.size]
+        fresh = [r for r in (self._unapplied(g, expected[g.classifier_id], partition) for g in groups) if r.size]
         if not fresh:
             return []
         cuts = await self._ensure_chunks(fresh)
@@ -230,12 +230,11 @@ class ScoreIngestor:
             await asyncio.sleep(0)  # see `prepare`
         return calls
 
-    def _unapplied(self, records: ClassifierRecords, stored: int, partition, log_end: int | None
-                   ) -> ClassifierRecords:
+    def _unapplied(self, records: ClassifierRecords, stored: int, partition) -> ClassifierRecords:
         """The records above the `stored` offset: those at or below it were applied (a replay, or
         a log that started again: `state.offsets`)."""
         if records.size and records.offsets[0] <= stored:
-            self._restarted.check(records.classifier_id, partition, stored, log_end)
+            self._restarted.check(records.classifier_id, partition, stored, self._log_ends.get(partition))
         return records.after(stored)
 
     def _note_cutoffs(self, cid: str, cutoffs) -> None:
