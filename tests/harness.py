@@ -46,6 +46,7 @@ class Running:
     topics: dict[str, str]
     producer: AIOKafkaProducer
     bootstrap: str
+    tasks: list = field(default_factory=list)  # the service's loops (`Service.spawn`)
 
     async def get(self, path: str) -> tuple[int, bytes]:
         return await http_get(self.port, path)
@@ -100,7 +101,7 @@ async def serving(service, port: int, topics: dict[str, str], producer: AIOKafka
     try:
         await service.start()
         tasks = service.spawn()
-        yield Running(service, port, topics, producer, bootstrap)
+        yield Running(service, port, topics, producer, bootstrap, tasks)
     finally:
         service.stopping.set()
         await asyncio.gather(*tasks, return_exceptions=True)

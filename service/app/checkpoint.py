@@ -8,6 +8,7 @@ import logging
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from ..state.offsets import StateRolledBack, applied_field
 from .batch import BatchHandler, StagedBatch
 from .consumer import KafkaClients
 from .failures import describe_outage, redis_outage
@@ -34,7 +35,8 @@ class Checkpoint:
        LABEL, GLOBAL_COUNT; see `stratameter.state.scripts`).  If Redis fails, the whole batch
        is staged again (offsets reloaded from Redis) and retried with backoff, never
        skipped.  Only a batch applied in full has its next offset recorded for commit.
-    3. `commit`: commit the recorded offsets to Kafka (in the background, at most every
+    3. `commit`: note the recorded offsets in Redis as the partitions' applied marks
+       (``Keys.applied``), then commit them to Kafka (in the background, at most every
        `COMMIT_INTERVAL_S`, and once more when the service stops).
 
     Why each record changes the state exactly once, without Kafka transactions: an offset
@@ -49,6 +51,13 @@ class Checkpoint:
     commit, so they are at least once (a crash in between repeats them); their counts are
     exactly once.  A batch still unapplied when the service stops (Redis down) is not
     committed and is replayed by whoever consumes the partition next.
+
+    Why the applied marks: Kafka keeps what was committed even when Redis loses writes it had
+    acknowledged (`state.offsets.StateRolledBack`).  The mark of an offset is written after the
+    state changes below it, so a Redis that went back went back to a mark no higher than what
+    its state holds; a start replays a partition from its mark when the committed offset is
+    above it (`state_watch.StateWatch.replay_rolled_back`).  A mark lower than the one this
+    process noted last stops the process before the commit.
     """
 
     def __init__(self, batches: BatchHandler, kafka: KafkaClients, health: Health, stopping: asyncio.Event,
@@ -56,6 +65,7 @@ class Checkpoint:
         self.batches, self.kafka, self.health = batches, kafka, health
         self.stopping, self.wake = stopping, wake
         self._to_commit: dict[TopicPartition, OffsetAndMetadata] = {}
+        self._noted: dict[TopicPartition, int] = {}  # the applied mark this process noted last
         self._commit_due = asyncio.Event()
 
     # ---- 1. stage -----------------------------------------------------------------------
@@ -112,9 +122,30 @@ class Checkpoint:
             return
         commits, self._to_commit = self._to_commit, {}
         try:
+            await self._note_applied(commits)
+        except Exception as exc:
+            if not redis_outage(exc):
+                raise
+            self._to_commit = {**commits, **self._to_commit}  # committed with the next ones
+            log.warning("could not note the applied offsets; committing later: %s", describe_outage(exc))
+            return
+        try:
             await self.kafka.consumer.commit(commits)
         except Exception as exc:  # noqa: BLE001 - a lost commit only means a harmless replay
             log.warning("offset commit failed; the batch will be replayed idempotently", extra={"error": repr(exc)})
+
+    async def _note_applied(self, commits: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """The applied marks raised to `commits`; `StateRolledBack` if one was below the mark this
+        process noted last."""
+        tps = list(commits)
+        before = await self.batches.ingestor.store.note_applied(
+            {applied_field(tp.topic, tp.partition): (self._noted.get(tp, -1), commits[tp].offset) for tp in tps})
+        for tp, mark in zip(tps, before):
+            if mark is not None and mark < self._noted.get(tp, -1):
+                raise StateRolledBack(
+                    f"{tp.topic} partition {tp.partition}: Redis holds {mark} as the next offset to apply, below "
+                    f"{self._noted[tp]} which it acknowledged to this process: it lost acknowledged writes")
+            self._noted[tp] = max(self._noted.get(tp, -1), commits[tp].offset)
 
     async def commit_forever(self) -> None:
         """Commit in the background, at most every `COMMIT_INTERVAL_S`, until stopping (not

@@ -5,7 +5,7 @@ the consumer lag the metrics report."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -45,16 +45,20 @@ def kafka_startup_error(settings: Settings, exc: KafkaError) -> StartupError:
 
 class Rebalance(ConsumerRebalanceListener):
     """Calls `on_revoked(partitions)` when the group takes partitions away (caches of
-    offsets read for them must be dropped: another instance may move them now)."""
+    offsets read for them must be dropped: another instance may move them now), and awaits
+    `on_assigned(partitions)` when it gives some (before they are fetched: it may seek)."""
 
-    def __init__(self, on_revoked: Callable[[list[TopicPartition]], None]) -> None:
-        self.on_revoked = on_revoked
+    def __init__(self, on_revoked: Callable[[list[TopicPartition]], None],
+                 on_assigned: Callable[[list[TopicPartition]], Awaitable] | None = None) -> None:
+        self.on_revoked, self.on_assigned = on_revoked, on_assigned
 
     async def on_partitions_revoked(self, revoked):
         self.on_revoked(list(revoked))
 
     async def on_partitions_assigned(self, assigned):
         log.info("partitions assigned", extra={"partitions": sorted(f"{t.topic}:{t.partition}" for t in assigned)})
+        if self.on_assigned is not None:
+            await self.on_assigned(list(assigned))
 
 
 class KafkaClients:

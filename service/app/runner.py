@@ -63,7 +63,7 @@ class Service:
         self.health = Health()
         self.ingestor = ScoreIngestor(self.store, settings)
         self.counts = GlobalCounts(self.store)
-        self.kafka = KafkaClients(settings, Rebalance(self._revoked))
+        self.kafka = KafkaClients(settings, Rebalance(self._revoked, self._assigned))
         self.dead_letters = DeadLetters(self.kafka, settings.topic_dead_letter, settings.dead_letter_max_per_second)
         self.batches = BatchHandler(settings, self.ingestor, LabelFolder(self.store), self.counts, self.dead_letters,
                                     self.wake)
@@ -92,6 +92,10 @@ class Service:
             if tp.topic == self.settings.topic_scores:
                 self.ingestor.forget_partition(self.batches.offset_field(tp))
         self.counts.forget()
+
+    async def _assigned(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given: read again those Redis went back on (`StateWatch.replay_rolled_back`)."""
+        await self.state_watch.replay_rolled_back(partitions)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:

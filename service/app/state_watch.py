@@ -15,6 +15,14 @@ API says ``complete: false``; later chunks are whole again.  The mark is kept on
 request loop and the views (``Store.lost_through_ms``), refreshed from Redis with every probe, so
 every replica follows the one that saw the loss.  Each loss this process sees is logged as an
 error and counted (``stratameter_redis_state_lost_total``).
+
+Redis can also lose only its last writes (restarted from an older snapshot or from an append-only
+file not yet synced, a replica promoted before it had them): the state went back, and the offsets
+Kafka committed after it outlive it (`state.offsets.StateRolledBack`).  Nothing is lost then: every
+partition assigned to this process is read again from the mark Redis kept of what its state
+applied (``Keys.applied``, `app.checkpoint`) when the committed offset lies above it, and the
+offset guards skip what survived (`replay_rolled_back`; logged as an error, counted in
+``stratameter_redis_state_rolled_back_total``).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import time
 from aiokafka import TopicPartition
 
 from ..config import Settings
+from ..state.offsets import applied_field
 from ..state.store import Store
 from .consumer import KafkaClients, describe
 
@@ -35,6 +44,7 @@ class StateWatch:
     def __init__(self, store: Store, settings: Settings, kafka: KafkaClients) -> None:
         self.store, self.settings, self.kafka = store, settings, kafka
         self.losses = 0  # losses this process saw
+        self.rollbacks = 0  # partitions this process read again from their applied marks
         self._watching = False  # the start's check ran: from now on the settings must stay noted
 
     async def check_at_start(self) -> None:
@@ -60,6 +70,25 @@ class StateWatch:
         if lost != self.store.lost_through_ms and self._watching:  # another replica saw a loss
             self.store.forget_registrations()
         self.store.lost_through_ms = lost
+
+    async def replay_rolled_back(self, partitions) -> None:
+        """At assignment: read each partition again from its applied mark where Kafka's committed
+        offset lies above it (Redis went back).  Never keeps the partitions from being consumed."""
+        tps = sorted(partitions)
+        try:
+            marks = await self.store.applied_marks([applied_field(tp.topic, tp.partition) for tp in tps])
+            for tp, mark in zip(tps, marks):
+                committed = None if mark is None else await self.kafka.consumer.committed(tp)
+                if committed is not None and mark < committed:
+                    self.kafka.consumer.seek(tp, mark)
+                    self.rollbacks += 1
+                    log.error(f"Redis lost acknowledged writes (restarted from an older snapshot or an append-only "
+                              f"file not yet synced, or a replica promoted before it had them): {tp.topic} partition "
+                              f"{tp.partition} is read again from offset {mark}, the mark Redis kept of what its state "
+                              f"applied, instead of the committed {committed}; the records that survived are skipped.  "
+                              "Run Redis with appendfsync always to keep acknowledged writes through a crash.")
+        except Exception as exc:  # noqa: BLE001 - Redis down: the partitions are consumed from the committed offsets
+            log.warning("could not check the applied marks of the assigned partitions: %s", describe(exc))
 
     async def _consumed_before(self) -> bool:
         topic = self.settings.topic_scores

@@ -62,9 +62,10 @@ _STRATUM_GAUGES = (
 class SnapshotCollector:
     def __init__(self, views: list[dict], invalid: dict[tuple[str, str], int], unknown_global: int,
                  lag: dict[tuple[str, int], int], dropped: int, failures: dict[tuple[str, str], int],
-                 redis_errors: dict[tuple[str, str], int], state_losses: int = 0) -> None:
+                 redis_errors: dict[tuple[str, str], int], state_losses: int = 0, rollbacks: int = 0) -> None:
         self.views, self.invalid, self.unknown_global, self.lag, self.dropped = views, invalid, unknown_global, lag, dropped
         self.failures, self.redis_errors, self.state_losses = failures, redis_errors, state_losses
+        self.rollbacks = rollbacks
 
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in _GAUGES}
@@ -96,7 +97,7 @@ class SnapshotCollector:
         yield from self._service_wide()
 
     def _service_wide(self):
-        """Rejected records by topic and reason, consumer lag, dead letters dropped, state losses seen."""
+        """Rejected records by topic and reason, consumer lag, dead letters dropped, state losses and rollbacks seen."""
         invalid = CounterMetricFamily("stratameter_invalid_messages", "Rejected input records (dead-lettered)",
                                       labels=["topic", "reason"])
         for (topic, reason), c in sorted(self.invalid.items()):
@@ -111,7 +112,11 @@ class SnapshotCollector:
                                    "Times this process found that Redis had lost the state (restarted without "
                                    "persistence, or flushed): the chunks under way are reported incomplete")
         lost.add_metric([], self.state_losses)
-        return invalid, lag, dropped, lost
+        rolled_back = CounterMetricFamily("stratameter_redis_state_rolled_back",
+                                          "Partitions this process read again from the offset Redis kept as applied, "
+                                          "Redis having lost acknowledged writes (restarted from an older snapshot)")
+        rolled_back.add_metric([], self.rollbacks)
+        return invalid, lag, dropped, lost, rolled_back
 
 
 def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
@@ -211,7 +216,7 @@ async def _snapshot(service) -> SnapshotCollector:
         invalid, unknown = {}, 0
     return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped,
                              service.failures.of(owned), dict(service.health.redis_errors),
-                             service.state_watch.losses)
+                             service.state_watch.losses, service.state_watch.rollbacks)
 
 
 async def render(service) -> bytes:

@@ -69,6 +69,9 @@ Service-wide ``<prefix>:{_global}:...``
                              lost_through_ms: the latest event time of a record counted in a
                              state Redis lost (`app.state_watch`); topic_scores, topic_labels: the
                              topics the offsets were first written from (`Store.noted_topics`)
+  applied             hash   "<topic>:<partition>" -> the next offset to read: every record before it
+                             changed the state (raised before the offsets are committed to Kafka,
+                             `app.checkpoint`; a Redis rolled back is replayed from it, `app.state_watch`)
   probe:<instance>    string the readiness probe's write, the service's and the bridge's (PX 6 s;
                              refused by a full Redis; `app.probes.probe_redis`)
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic
@@ -202,6 +205,7 @@ class Keys:
     invalid = _global_key("invalid")
     labels_unknown = _global_key("labels_unknown")
     settings = _global_key("settings")
+    applied = _global_key("applied")
 
     def probe(self, instance: str) -> str:
         """``<prefix>:{_global}:probe:<instance>``: the readiness probe's write (expires by itself)."""

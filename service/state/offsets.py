@@ -1,7 +1,13 @@
-"""What the offset guards (INGEST, LABEL, GLOBAL_COUNT) cannot tell apart: a replay, and the records
-of a partition whose log started again under the same topic name (the topic deleted and created
-again, or another cluster's).  Both come at or below the offset the state applied; only the
-partition's end offset, as the fetch reports it, says which (a log's offsets only grow)."""
+"""What the offset guards (INGEST, LABEL, GLOBAL_COUNT) cannot see by themselves.
+
+* A replay, and the records of a partition whose log started again under the same topic name
+  (the topic deleted and created again, or another cluster's): both come at or below the offset
+  the state applied; only the partition's end offset, as the fetch reports it, says which (a
+  log's offsets only grow).  `RestartedLogs`.
+* A state that went back: Redis lost writes it had acknowledged (restarted from an older
+  snapshot or an append-only file not yet synced, a replica promoted before it had them) while
+  Kafka kept the offsets committed after them.  A guard then takes the records after the gap for
+  the next ones and the gap is never counted.  `StateRolledBack`."""
 
 from __future__ import annotations
 
@@ -30,3 +36,15 @@ class RestartedLogs:
                   "up to offset %d are taken for replays and not counted: give the service a new "
                   "STRATAMETER_REDIS_KEY_PREFIX and STRATAMETER_KAFKA_CONSUMER_GROUP (or the topic a new name)",
                   self.topic, partition, stored, log_end, stored, extra={"classifier_id": state_id})
+
+
+def applied_field(topic: str, partition: int) -> str:
+    """A partition's field in the service-wide applied marks (``Keys.applied``)."""
+    return f"{topic}:{partition}"
+
+
+class StateRolledBack(RuntimeError):
+    """Redis holds an applied offset below one it acknowledged to this process: it lost writes.
+    Going on would count the records after the gap and never the gap, so the process stops
+    (exit code 1) before it commits; its next start replays each partition from the mark Redis
+    kept (`app.state_watch.StateWatch.replay_rolled_back`), and the guards skip what survived."""

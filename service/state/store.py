@@ -436,6 +436,19 @@ class Store(Reads, ScriptCalls):
         pipe.hset(self.keys.settings, "lost_through_ms", through_ms)
         await pipe.execute()
 
+    async def note_applied(self, marks: dict[str, tuple[int, int]]) -> list[int | None]:
+        """Raise the applied marks (``applied``: field ``<topic>:<partition>`` -> the next offset to
+        read): `marks` maps a field to the mark this process noted last (-1: none) and the new one.
+        A mark below the last one noted is left as it is (Redis rolled back).  Returns each field's
+        mark before (None: none)."""
+        args = [x for field, (last, new) in marks.items() for x in (field, last, new)]
+        before = await self._scripts["NOTE_APPLIED"](keys=[self.keys.applied], args=args)
+        return [None if b is None else int(b) for b in before]
+
+    async def applied_marks(self, fields: list[str]) -> list[int | None]:
+        """The applied marks of `fields` (None: none noted)."""
+        return [None if v is None else int(v) for v in await self.redis.hmget(self.keys.applied, fields)]
+
     async def drop_classifier(self, cid: str) -> None:
         self._registered.pop(cid, None)
         await self.redis.srem(self.keys.classifiers, cid)
