@@ -264,6 +264,10 @@ async def _exercise(store: Store, settings) -> None:
     assert await store.count_invalid("scores", 0, -1, 5, {"bad_json": 2}) == (True, 5)  # GLOBAL_COUNT
     assert await store.count_unknown_labels(0, -1, 3, 1) == (True, 3)
     assert await store.unknown_labels() == 1
+    assert await store.note_applied({"scores:0": (-1, 400)}) == [None]  # NOTE_APPLIED
+    assert await store.note_applied({"scores:0": (400, 300)}) == [400]  # never lowered
+    assert await store.note_applied({"scores:0": (500, 600)}) == [400]  # below the caller's last: went back
+    assert await store.applied_marks(["scores:0", "labels:0"]) == [400, None]  # left for the replay
     assert await store.forget(cid, await store.chunk_ids(cid))  # FORGET
     assert not await store.redis.exists(store.keys.meta(cid), store.keys.chunk_meta(cid, chunk_a))
 
