@@ -142,9 +142,7 @@ class Checkpoint:
             {applied_field(tp.topic, tp.partition): (self._noted.get(tp, -1), commits[tp].offset) for tp in tps})
         for tp, mark in zip(tps, before):
             if mark is not None and mark < self._noted.get(tp, -1):
-                raise StateRolledBack(
-                    f"{tp.topic} partition {tp.partition}: Redis holds {mark} as the next offset to apply, below "
-                    f"{self._noted[tp]} which it acknowledged to this process: it lost acknowledged writes")
+                raise StateRolledBack(f"{tp.topic} partition {tp.partition}", mark - 1, self._noted[tp] - 1)
             self._noted[tp] = max(self._noted.get(tp, -1), commits[tp].offset)
 
     async def commit_forever(self) -> None:

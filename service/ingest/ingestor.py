@@ -326,5 +326,4 @@ def _check_not_rolled_back(cid: str, partition, stored: int, acked: int) -> None
     """`StateRolledBack` when the classifier's stored offset lies below one Redis acknowledged
     (-1, no offset at all, is a classifier forgotten or a state lost: `app.state_watch`)."""
     if 0 <= stored < acked:
-        raise StateRolledBack(f"classifier {cid!r}, scores partition {partition}: Redis holds {stored} as the "
-                              f"last offset applied, below {acked} which it acknowledged: it lost acknowledged writes")
+        raise StateRolledBack(f"classifier {cid!r}, scores partition {partition}", stored, acked)

@@ -48,3 +48,10 @@ class StateRolledBack(RuntimeError):
     Going on would count the records after the gap and never the gap, so the process stops
     (exit code 1) before it commits; its next start replays each partition from the mark Redis
     kept (`app.state_watch.StateWatch.replay_rolled_back`), and the guards skip what survived."""
+
+    def __init__(self, where: str, stored: int, acknowledged: int) -> None:
+        super().__init__(f"{where}: Redis holds {stored} as the last offset applied, below {acknowledged} which it "
+                         "acknowledged to this process: it lost acknowledged writes (restarted from an older snapshot "
+                         "or an append-only file not yet synced, or a replica promoted before it had them).  Stopping "
+                         "before anything past the gap is committed; the next start reads the partitions again from "
+                         "the offsets Redis kept")
