@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 
 import orjson
+import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
@@ -100,7 +101,12 @@ async def test_a_start_replays_what_a_rolled_back_redis_lost(kafka_bootstrap, un
             assert "stratameter_redis_state_rolled_back_total " in metrics.decode()
 
 
-async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_replays(kafka_bootstrap, unique_name):
+@pytest.mark.parametrize("marks_went_back", [True, False], ids=["one-redis", "marks-on-another-node"])
+async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_replays(kafka_bootstrap, unique_name,
+                                                                                      marks_went_back):
+    """`marks-on-another-node`: the applied marks kept as they were while the classifiers' state
+    went back, as in a Redis Cluster whose ``{_global}`` node did not fail over: the process lowers
+    the partition's mark to where the classifier's state went back before it stops."""
     topics = await service_topics(kafka_bootstrap, unique_name, 2)
     where = (topics, unique_name("group"), unique_name("sm"))
     with EmbeddedRedis() as redis:
@@ -111,8 +117,14 @@ async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_re
             await client.save()
             await _send(running, 300, 200)
             await _counted_and_committed(running, 500)
+            applied = running.service.store.keys.applied
+            marks = await client.hgetall(applied)
             redis.stop()
             redis.start()  # under the running service: the snapshot of 300
+            await client.aclose()
+            client = Redis.from_url(redis.url)
+            if not marks_went_back:
+                await client.hset(applied, mapping=marks)
             await _send(running, 500, 100)
             ended, _ = await asyncio.wait(running.tasks, timeout=30, return_when=asyncio.FIRST_COMPLETED)
             assert ended and all(isinstance(t.exception(), StateRolledBack) for t in ended)

@@ -268,6 +268,9 @@ async def _exercise(store: Store, settings) -> None:
     assert await store.note_applied({"scores:0": (400, 300)}) == [400]  # never lowered
     assert await store.note_applied({"scores:0": (500, 600)}) == [400]  # below the caller's last: went back
     assert await store.applied_marks(["scores:0", "labels:0"]) == [400, None]  # left for the replay
+    assert not await store.lower_applied("scores:0", 450)  # LOWER_APPLIED: only lowers
+    assert await store.lower_applied("scores:0", 350)
+    assert await store.applied_marks(["scores:0"]) == [350]
     assert await store.forget(cid, await store.chunk_ids(cid))  # FORGET
     assert not await store.redis.exists(store.keys.meta(cid), store.keys.chunk_meta(cid, chunk_a))
 

@@ -104,6 +104,9 @@ class Checkpoint:
                 await self.batches.apply(tp, records, staged, self._log_end(tp))
                 self.health.redis_ok()
                 return True
+            except StateRolledBack as exc:  # the next start reads the partition again from there
+                await self.batches.ingestor.store.lower_applied(applied_field(tp.topic, tp.partition), exc.stored + 1)
+                raise
             except Exception as exc:
                 if not redis_outage(exc):
                     raise

@@ -50,6 +50,7 @@ class StateRolledBack(RuntimeError):
     kept (`app.state_watch.StateWatch.replay_rolled_back`), and the guards skip what survived."""
 
     def __init__(self, where: str, stored: int, acknowledged: int) -> None:
+        self.stored = stored
         super().__init__(f"{where}: Redis holds {stored} as the last offset applied, below {acknowledged} which it "
                          "acknowledged to this process: it lost acknowledged writes (restarted from an older snapshot "
                          "or an append-only file not yet synced, or a replica promoted before it had them).  Stopping "

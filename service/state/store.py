@@ -445,6 +445,10 @@ class Store(Reads, ScriptCalls):
         before = await self._scripts["NOTE_APPLIED"](keys=[self.keys.applied], args=args)
         return [None if b is None else int(b) for b in before]
 
+    async def lower_applied(self, field: str, offset: int) -> bool:
+        """Lower the applied mark of `field` to `offset` (a classifier's state went back there)."""
+        return bool(await self._scripts["LOWER_APPLIED"](keys=[self.keys.applied], args=[field, offset]))
+
     async def applied_marks(self, fields: list[str]) -> list[int | None]:
         """The applied marks of `fields` (None: none noted)."""
         return [None if v is None else int(v) for v in await self.redis.hmget(self.keys.applied, fields)]
