@@ -27,6 +27,7 @@ offset guards skip what survived (`replay_rolled_back`; logged as an error, coun
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -77,8 +78,9 @@ class StateWatch:
         tps = sorted(partitions)
         try:
             marks = await self.store.applied_marks([applied_field(tp.topic, tp.partition) for tp in tps])
-            for tp, mark in zip(tps, marks):
-                committed = None if mark is None else await self.kafka.consumer.committed(tp)
+            marked = [(tp, mark) for tp, mark in zip(tps, marks) if mark is not None]
+            offsets = await asyncio.gather(*(self.kafka.consumer.committed(tp) for tp, _ in marked))
+            for (tp, mark), committed in zip(marked, offsets):
                 if committed is not None and mark < committed:
                     self.kafka.consumer.seek(tp, mark)
                     self.rollbacks += 1
