@@ -406,48 +406,36 @@ def test_promtool_unit_tests_redis_failing(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_promtool_unit_tests_redis_state_lost(tmp_path):
-    """Fires as soon as a replica sees Redis lose the state, and stops an hour later."""
+_STATE_ALERTS = {
+    "stratameter_redis_state_lost_total": ("StratameterRedisStateLost", "Redis lost stratameter's state", (
+        "Redis restarted without persistence or its keys were deleted: the earlier chunks, their labels "
+        "and the pending requests are gone, and the chunks under way are reported incomplete (no "
+        "estimate, no label requests) until the next chunk starts. Run Redis with persistence (AOF).")),
+    "stratameter_redis_state_rolled_back_total": (
+        "StratameterRedisStateRolledBack", "Redis lost writes it had acknowledged to stratameter", (
+            "Redis went back to an older state (restarted from an older snapshot or an append-only file not "
+            "yet synced, or a replica promoted before it had the last writes). The partitions were read again "
+            "from the offsets Redis kept and nothing was counted twice or lost, but label requests issued in "
+            "the lost window are gone (their answers count as unknown). Run Redis with appendfsync always.")),
+}
+
+
+@pytest.mark.parametrize("counter", sorted(_STATE_ALERTS))
+def test_promtool_unit_tests_redis_state_alerts(tmp_path, counter):
+    """Fires as soon as a replica sees Redis lose the state (or go back), and stops an hour later."""
     promtool = _need("promtool", PROMTOOL_HOW)
+    alert, summary, description = _STATE_ALERTS[counter]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render({"prometheusRule": {"enabled": True}}))))
-    series = [{"series": 'stratameter_redis_state_lost_total{instance="p1",job="sm"}', "values": "0x10 1x100"},
-              {"series": 'stratameter_redis_state_lost_total{instance="p2",job="sm"}', "values": "0x110"}]
+    series = [{"series": f'{counter}{{instance="p1",job="sm"}}', "values": "0x10 1x100"},
+              {"series": f'{counter}{{instance="p2",job="sm"}}', "values": "0x110"}]
     test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "alert_rule_test": [
-            {"eval_time": "9m", "alertname": "StratameterRedisStateLost", "exp_alerts": []},
-            {"eval_time": "12m", "alertname": "StratameterRedisStateLost", "exp_alerts": [
+            {"eval_time": "9m", "alertname": alert, "exp_alerts": []},
+            {"eval_time": "12m", "alertname": alert, "exp_alerts": [
                 {"exp_labels": {"severity": "critical"},
-                 "exp_annotations": {"summary": "Redis lost stratameter's state", "description": (
-                     "Redis restarted without persistence or its keys were deleted: the earlier chunks, their labels "
-                     "and the pending requests are gone, and the chunks under way are reported incomplete (no "
-                     "estimate, no label requests) until the next chunk starts. Run Redis with persistence (AOF).")}}]},
-            {"eval_time": "80m", "alertname": "StratameterRedisStateLost", "exp_alerts": []}],
-    }]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0, res.stdout + res.stderr
-
-
-def test_promtool_unit_tests_redis_state_rolled_back(tmp_path):
-    """Fires as soon as a replica reads partitions again from the offsets Redis kept, and stops an hour later."""
-    promtool = _need("promtool", PROMTOOL_HOW)
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render({"prometheusRule": {"enabled": True}}))))
-    series = [{"series": 'stratameter_redis_state_rolled_back_total{instance="p1",job="sm"}', "values": "0x10 2x100"},
-              {"series": 'stratameter_redis_state_rolled_back_total{instance="p2",job="sm"}', "values": "0x110"}]
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m", "input_series": series,
-        "alert_rule_test": [
-            {"eval_time": "9m", "alertname": "StratameterRedisStateRolledBack", "exp_alerts": []},
-            {"eval_time": "12m", "alertname": "StratameterRedisStateRolledBack", "exp_alerts": [
-                {"exp_labels": {"severity": "critical"},
-                 "exp_annotations": {"summary": "Redis lost writes it had acknowledged to stratameter", "description": (
-                     "Redis went back to an older state (restarted from an older snapshot or an append-only file not "
-                     "yet synced, or a replica promoted before it had the last writes). The partitions were read again "
-                     "from the offsets Redis kept and nothing was counted twice or lost, but label requests issued in "
-                     "the lost window are gone (their answers count as unknown). Run Redis with appendfsync always.")}}]},
-            {"eval_time": "80m", "alertname": "StratameterRedisStateRolledBack", "exp_alerts": []}],
+                 "exp_annotations": {"summary": summary, "description": description}}]},
+            {"eval_time": "80m", "alertname": alert, "exp_alerts": []}],
     }]}
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,

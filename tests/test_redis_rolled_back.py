@@ -77,17 +77,22 @@ async def _all(running, n: int) -> bool:
     return (await _counted(running))[0] == n and await _committed(running) == n
 
 
+async def _snapshot_of_300_then_500(running, client: Redis) -> None:
+    """300 scores counted and committed, a snapshot taken (`SAVE`), 200 more counted and committed."""
+    await _send(running, 0, 300)
+    await _counted_and_committed(running, 300)
+    await client.save()
+    await _send(running, 300, 200)
+    await _counted_and_committed(running, 500)
+
+
 async def test_a_start_replays_what_a_rolled_back_redis_lost(kafka_bootstrap, unique_name):
     topics = await service_topics(kafka_bootstrap, unique_name, 2)
     where = (topics, unique_name("group"), unique_name("sm"))
     with EmbeddedRedis() as redis:  # no persistence of its own: SAVE writes the snapshot it restarts from
         client = Redis.from_url(redis.url)
         async with _service(kafka_bootstrap, redis.url, *where) as running:
-            await _send(running, 0, 300)
-            await _counted_and_committed(running, 300)
-            await client.save()
-            await _send(running, 300, 200)
-            await _counted_and_committed(running, 500)
+            await _snapshot_of_300_then_500(running, client)
         await client.aclose()
         redis.stop()
         redis.start()  # the snapshot of 300
@@ -112,11 +117,7 @@ async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_re
     with EmbeddedRedis() as redis:
         client = Redis.from_url(redis.url)
         async with _service(kafka_bootstrap, redis.url, *where) as running:
-            await _send(running, 0, 300)
-            await _counted_and_committed(running, 300)
-            await client.save()
-            await _send(running, 300, 200)
-            await _counted_and_committed(running, 500)
+            await _snapshot_of_300_then_500(running, client)
             applied = running.service.store.keys.applied
             marks = await client.hgetall(applied)
             redis.stop()
