@@ -218,3 +218,53 @@ async def test_a_loss_notes_the_topics_the_offsets_are_written_under(redis_url, 
     await running.note_state_lost(1_800_000_000_000, 600, 1_800_000_000_000)
     assert await Store(redis, prefix).noted_topics("scores2", "labels2") == ("scores1", "labels1")
     await redis.aclose()
+
+
+class _Group:
+    """What `StateWatch.check_at_start` asks Kafka (one scores partition, its committed offset)."""
+
+    def __init__(self, committed: int | None) -> None:
+        self.producer, self.consumer = self, self
+        self._committed = committed
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
+    async def committed(self, tp) -> int | None:
+        return self._committed
+
+
+async def test_a_replica_sees_a_loss_another_start_noted_afresh(redis_url, unique_name):
+    """Redis emptied while replica A runs; before A's next probe, A lists a classifier again (its
+    batches do every 30 s) and replica B starts: B finds a classifier, so it cannot tell a loss
+    from a state it shares, and notes the settings afresh.  A sees their ``started_ms`` changed
+    (before: the settings being there, neither replica saw the loss) and B follows A's mark."""
+    from stratameter.app.state_watch import StateWatch
+    from stratameter.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    prefix = unique_name("race")
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_REDIS_KEY_PREFIX": prefix})
+
+    async def started(committed: int | None) -> tuple[Store, StateWatch]:
+        store = Store(redis, prefix)
+        watch = StateWatch(store, settings, _Group(committed))
+        await store.stored_chunk_seconds(settings.chunk_seconds)  # as the start's checks do first
+        await watch.check_at_start()
+        return store, watch
+
+    store_a, watch_a = await started(None)  # a first start
+    assert watch_a.losses == 0 and store_a.lost_through_ms is None
+    await asyncio.sleep(0.01)
+    assert await _delete_state(redis, prefix) > 0
+    await redis.sadd(Keys(prefix).classifiers, "c")  # A's batches list a classifier again
+    store_b, watch_b = await started(42)
+    assert watch_b.losses == 0  # B cannot tell
+    await watch_a.check()
+    assert watch_a.losses == 1 and store_a.lost_through_ms is not None  # before: 0 and None
+    await watch_b.check()
+    assert store_b.lost_through_ms == store_a.lost_through_ms and watch_b.losses == 0
+    await watch_a.check()
+    await watch_b.check()
+    assert (watch_a.losses, watch_b.losses) == (1, 0)  # seen once
+    await redis.aclose()

@@ -6,7 +6,8 @@ describe part of a chunk as if it were all of it.  The loss is seen two ways:
 
 * at start, a state with nothing noted (no ``settings``, no classifier) while the consumer group
   has committed offsets on the scores topic (a first start reads the topic from its beginning);
-* while running, the ``settings`` a start notes gone (checked with each readiness probe).
+* while running, the ``settings`` a start notes gone, or noted afresh by another replica's start
+  (their ``started_ms`` changed; checked with each readiness probe).
 
 Either notes ``lost_through_ms`` (`Store.note_state_lost`): the latest event time a record counted
 before the loss can have (now, plus the accepted clock skew).  A chunk starting at or before it
@@ -47,6 +48,7 @@ class StateWatch:
         self.losses = 0  # losses this process saw
         self.rollbacks = 0  # partitions this process read again from their applied marks
         self._watching = False  # the start's check ran: from now on the settings must stay noted
+        self._started: int | None = None  # the ``started_ms`` of the state this process writes to
 
     async def check_at_start(self) -> None:
         """Whether the state began just now although the consumer group consumed before."""
@@ -56,21 +58,26 @@ class StateWatch:
                                  f"{self.settings.kafka_consumer_group!r} has committed offsets on "
                                  f"{self.settings.topic_scores!r}")
             else:
-                self.store.lost_through_ms = (await self.store.state_marks())[1]
+                _, self.store.lost_through_ms, self._started = await self.store.state_marks()
         except Exception as exc:  # noqa: BLE001 - never keeps the service from starting
             log.warning("could not check whether Redis lost the state: %s", describe(exc))
         self._watching = True
 
     async def check(self) -> None:
-        """With each readiness probe: the settings still noted (else the state was lost), and
-        the service-wide mark copied to the store."""
-        noted, lost = await self.store.state_marks()
-        if self._watching and not noted:
+        """With each readiness probe: the settings still noted as they were (else the state was
+        lost), and the service-wide mark copied to the store."""
+        noted, lost, started = await self.store.state_marks()
+        if not self._watching:
+            self.store.lost_through_ms = lost
+        elif not noted or (lost is None and self.store.lost_through_ms is not None):
             await self._lost("the settings noted at start are gone")
-            return
-        if lost != self.store.lost_through_ms and self._watching:  # another replica saw a loss
+        elif lost != self.store.lost_through_ms:  # another replica saw a loss: follow it
             self.store.forget_registrations()
-        self.store.lost_through_ms = lost
+            self.store.lost_through_ms, self._started = lost, started
+        elif self._started is not None and started != self._started:
+            # a replica started on the emptied Redis before this one's probe, and could not tell
+            # (a classifier was listed again meanwhile): its start noted the settings afresh
+            await self._lost("the settings were noted afresh by another start")
 
     async def replay_rolled_back(self, partitions) -> None:
         """At assignment: read each partition again from its applied mark where Kafka's committed
@@ -102,7 +109,7 @@ class StateWatch:
     async def _lost(self, how: str) -> None:
         now = _now_ms()
         through = now + 1000 * self.settings.max_event_time_skew_seconds
-        await self.store.note_state_lost(through, self.settings.chunk_seconds, now)
+        self._started = await self.store.note_state_lost(through, self.settings.chunk_seconds, now)
         self.store.lost_through_ms = through
         self.store.forget_registrations()
         self.losses += 1

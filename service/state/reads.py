@@ -24,11 +24,13 @@ class Reads:
     async def chunk_ids(self, cid: str) -> list[int]:
         return [int(x) for x in await self.redis.zrange(self.keys.chunks(cid), 0, -1)]
 
-    async def state_marks(self) -> tuple[bool, int | None]:
+    async def state_marks(self) -> tuple[bool, int | None, int | None]:
         """Whether the service-wide ``settings`` are noted (a start notes them: gone, Redis lost
-        the state), and their ``lost_through_ms`` (`note_state_lost`; None: no loss seen)."""
-        noted, lost = await self.redis.hmget(self.keys.settings, "chunk_seconds", "lost_through_ms")
-        return noted is not None, None if lost is None else int(lost)
+        the state), their ``lost_through_ms`` (`note_state_lost`; None: no loss seen) and their
+        ``started_ms`` (when the state began, `begin_state`; None: not noted)."""
+        noted, lost, started = await self.redis.hmget(self.keys.settings, "chunk_seconds", "lost_through_ms",
+                                                      "started_ms")
+        return noted is not None, None if lost is None else int(lost), None if started is None else int(started)
 
     async def unpaired_through(self, cid: str) -> int | None:
         """The classifier's ``unpaired_through_ms`` (INGEST, `stats.streams.counted_whole`):

@@ -422,11 +422,12 @@ class Store(Reads, ScriptCalls):
         noted, classifiers = await pipe.execute()
         return bool(noted) and not classifiers
 
-    async def note_state_lost(self, through_ms: int, chunk_seconds: int, now_ms: int) -> None:
+    async def note_state_lost(self, through_ms: int, chunk_seconds: int, now_ms: int) -> int:
         """Note that the records of event times up to `through_ms` were counted in a state Redis
         lost (``settings`` ``lost_through_ms``, `stats.streams.counted_whole`), and the settings
         a start notes, so the loss is seen once (the first topics as this process knows them: the
-        offsets written since are under their fields, `app.batch.BatchHandler.offset_field`)."""
+        offsets written since are under their fields, `app.batch.BatchHandler.offset_field`).  Returns
+        the ``started_ms`` noted (this one, or another replica's)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hsetnx(self.keys.settings, "chunk_seconds", chunk_seconds)
         if self.first_topics:
@@ -434,7 +435,8 @@ class Store(Reads, ScriptCalls):
             pipe.hsetnx(self.keys.settings, "topic_labels", self.first_topics[1])
         pipe.hsetnx(self.keys.settings, "started_ms", now_ms)
         pipe.hset(self.keys.settings, "lost_through_ms", through_ms)
-        await pipe.execute()
+        pipe.hget(self.keys.settings, "started_ms")
+        return int((await pipe.execute())[-1])
 
     async def note_applied(self, marks: dict[str, tuple[int, int]]) -> list[int | None]:
         """Raise the applied marks (``applied``: field ``<topic>:<partition>`` -> the next offset to
