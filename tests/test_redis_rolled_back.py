@@ -135,3 +135,34 @@ async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_re
             await wait_for(lambda: _all(running, 600), 30, "every score counted once")
             await asyncio.sleep(1)
             assert await _counted(running) == (600, 600)
+
+
+async def test_label_answers_stop_at_a_state_gone_back(redis_url, unique_name):
+    """LABEL refuses an answer whose state holds a labels offset below the one this process saw
+    applied (before: it was folded and the offset jumped over the answers Redis lost, so the replay
+    from the mark skipped them); a process that saw nothing applied yet folds the replay."""
+    import numpy as np
+
+    from stratameter.ingest.ingestor import ScoreIngestor
+    from stratameter.labels.folder import LabelFolder
+    from stratameter.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("labels"))
+    ingest = ScoreIngestor(store, load_settings({"STRATAMETER_REDIS_URL": redis_url}), np.random.default_rng(0))
+    offs = np.arange(100)
+    await ingest.apply(0, offs, ["c"] * 100, [f"i{o}" for o in offs], np.linspace(0.5, 0.99, 100), np.ones(100, bool),
+                       np.full(100, 1_800_000_000_000), [None] * 100)  # the classifier's state
+
+    async def fold(folder: LabelFolder, first: int, n: int) -> list[str]:
+        return [o.outcome for o in await folder.apply(0, range(first, first + n), [f"c/t{i}" for i in range(n)],
+                                                      [True] * n, [None] * n)]
+
+    folder = LabelFolder(store)
+    assert await fold(folder, 0, 10) == ["unknown"] * 10  # no such requests: counted, their offsets applied
+    await redis.hset(store.keys.labels_offsets("c"), "0", 4)  # Redis went back
+    with pytest.raises(StateRolledBack):
+        await fold(folder, 10, 1)
+    assert int(await redis.hget(store.keys.labels_offsets("c"), "0")) == 4  # nothing folded past the gap
+    assert await fold(LabelFolder(store), 5, 6) == ["unknown"] * 6  # the restart's replay
+    await redis.aclose()

@@ -91,6 +91,8 @@ class Service:
         for tp in partitions:
             if tp.topic == self.settings.topic_scores:
                 self.ingestor.forget_partition(self.batches.offset_field(tp))
+            else:
+                self.batches.folder.forget_partition(self.batches.offset_field(tp))
         self.counts.forget()
 
     async def _assigned(self, partitions: list[TopicPartition]) -> None:

@@ -176,8 +176,11 @@ class Store(Reads, ScriptCalls):
         return int(v) if v is not None else -1
 
     # ---- labels -------------------------------------------------------------------------
-    async def apply_labels(self, calls: list[tuple[str, int, int, str, str, int, str]]) -> list[list]:
-        """LABEL for (cid, partition, offset, request_token, label, now_ms, labeler) in one pipeline.
+    async def apply_labels(self, calls: list[tuple[str, int, int, str, str, int, str]],
+                           applied: dict | None = None) -> list[list]:
+        """LABEL for (cid, partition, offset, request_token, label, now_ms, labeler) in one pipeline;
+        `applied`: (cid, partition) -> the offset last seen applied for them (a state gone back
+        below it answers ``rolled_back``).
 
         Each request's chunk is read first (its chunk keys go into KEYS); a call whose request
         changed meanwhile is refused by the script and retried here, with every later call of
@@ -191,7 +194,8 @@ class Store(Reads, ScriptCalls):
                 cid, part, off, rid, label, now_ms, labeler = calls[i]
                 t = _text(chunk) or ""
                 labels.append((self.keys.label_keys(cid, rid, t),
-                               [part, off, rid, label, now_ms, labeler, t, previous.get((cid, part), "")]))
+                               [part, off, rid, label, now_ms, labeler, t, previous.get((cid, part), ""),
+                                (applied or {}).get((cid, part), "")]))
                 previous[(cid, part)] = off
             retry = []
             for i, r in zip(todo, await self._each("LABEL", labels)):

@@ -3,8 +3,11 @@
 --   request's chunk <t> in req:<rid>: c:<t>:replace, c:<t>:n, c:<t>:h, c:<t>:labelled.
 -- ARGV: partition, offset, request id, label ('1', '0' or 'null': skipped), now_ms, labeler,
 --   the chunk the caller read from req:<rid> ('' if none), the offset of the previous call for
---   this classifier and partition in the same pipeline ('' if none).
+--   this classifier and partition in the same pipeline ('' if none), the offset the caller last saw
+--   applied for them ('' if none).
 -- Offset guard: an offset at or below the partition's stored one is a replay and changes nothing.
+-- A stored offset below the one the caller saw applied (Redis lost acknowledged writes:
+-- `state.offsets.StateRolledBack`) refuses ({'rolled_back', stored}, nothing changed).
 -- Re-check (the chunk keys come from a read before this call): a request that still awaits its
 -- answer but names another chunk than the one read refuses ({'retry'}, nothing changed; the
 -- caller reads again and retries).  So that a retried label cannot fall behind a later offset
@@ -15,11 +18,13 @@
 -- Deadline: an answer to a request whose deadline (deadline_ms) is at or before now_ms is
 -- `expired` even when EXPIRE has not swept the request yet (the request loop runs it about once
 -- a tick): this call then expires the request as EXPIRE would (replaced in its stratum).
--- Returns {outcome[, chunk, stratum]}: replay (with the stored offset), retry, no_state, unknown,
+-- Returns {outcome[, chunk, stratum]}: replay (with the stored offset), rolled_back (with it), retry,
+-- no_state, unknown,
 -- duplicate, expired, skipped, accepted.
 local okey, cnt, pending, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
 if tonumber(ARGV[2]) <= stored then return {'replay', tostring(stored)} end
+if ARGV[9] ~= '' and stored >= 0 and stored < tonumber(ARGV[9]) then return {'rolled_back', tostring(stored)} end
 if ARGV[8] ~= '' and stored < tonumber(ARGV[8]) then return {'retry'} end
 local st = redis.call('HGET', rk, 'state')
 local chunk = redis.call('HGET', rk, 'chunk')
