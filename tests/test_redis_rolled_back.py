@@ -166,3 +166,21 @@ async def test_label_answers_stop_at_a_state_gone_back(redis_url, unique_name):
     assert int(await redis.hget(store.keys.labels_offsets("c"), "0")) == 4  # nothing folded past the gap
     assert await fold(LabelFolder(store), 5, 6) == ["unknown"] * 6  # the restart's replay
     await redis.aclose()
+
+
+async def test_service_wide_counts_stop_at_a_state_gone_back(redis_url, unique_name):
+    """The invalid-record counts' offset guard (GLOBAL_COUNT) below the offset it acknowledged:
+    before, the refusal was taken for another writer's and the counts went on from there."""
+    from stratameter.app.batch import GlobalCounts
+    from stratameter.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    store = Store(redis, unique_name("counts"))
+    counts = GlobalCounts(store)
+    await counts.add_invalid("scores", 0, {3: "bad_json", 9: "bad_json"}, 9)
+    assert (await store.invalid_counts())[("scores", "bad_json")] == 2
+    await redis.hset(store.keys.global_offsets("scores"), "0", 4)  # Redis went back
+    with pytest.raises(StateRolledBack):
+        await counts.add_invalid("scores", 0, {12: "bad_json"}, 12)
+    assert int(await redis.hget(store.keys.global_offsets("scores"), "0")) == 4
+    await redis.aclose()

@@ -20,6 +20,7 @@ from ..ingest.admission import ClassifierAdmission
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
 from ..labels.folder import LabelFolder
 from ..state.keys import UNKNOWN_LABELS_SCOPE
+from ..state.offsets import StateRolledBack
 from ..state.store import Store
 from .deadletters import DeadLetters
 from .failures import redis_outage
@@ -93,7 +94,9 @@ class GlobalCounts:
             for off, reason in by_offset.items():
                 if off > base:
                     counts[reason] += 1
-            _, self.offsets[key] = await write(base, dict(counts))
+            applied, self.offsets[key] = await write(base, dict(counts))
+            if not applied and 0 <= self.offsets[key] < base:  # Redis went back (`state.offsets`)
+                raise StateRolledBack(f"service-wide counts {scope!r}, partition {partition}", self.offsets[key], base)
 
 
 class BatchHandler:
