@@ -138,9 +138,13 @@ class Checkpoint:
             log.warning("offset commit failed; the batch will be replayed idempotently", extra={"error": repr(exc)})
 
     async def _note_applied(self, commits: dict[TopicPartition, OffsetAndMetadata]) -> None:
-        """The applied marks raised to `commits`; `StateRolledBack` if one was below the mark this
+        """The applied marks raised to `commits` of the partitions this process still owns (a
+        revoked one's new owner writes its own); `StateRolledBack` if one was below the mark this
         process noted last."""
-        tps = list(commits)
+        owned = self.kafka.consumer.assignment()
+        tps = [tp for tp in commits if tp in owned]
+        if not tps:
+            return
         before = await self.batches.ingestor.store.note_applied(
             {applied_field(tp.topic, tp.partition): (self._noted.get(tp, -1), commits[tp].offset) for tp in tps})
         for tp, mark in zip(tps, before):
