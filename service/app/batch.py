@@ -20,7 +20,7 @@ from ..ingest.admission import ClassifierAdmission
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
 from ..labels.folder import LabelFolder
 from ..state.keys import UNKNOWN_LABELS_SCOPE
-from ..state.offsets import StateRolledBack
+from ..state.offsets import check_not_rolled_back
 from ..state.store import Store
 from .deadletters import DeadLetters
 from .failures import redis_outage
@@ -94,9 +94,8 @@ class GlobalCounts:
             for off, reason in by_offset.items():
                 if off > base:
                     counts[reason] += 1
-            applied, self.offsets[key] = await write(base, dict(counts))
-            if not applied and 0 <= self.offsets[key] < base:  # Redis went back (`state.offsets`)
-                raise StateRolledBack(f"service-wide counts {scope!r}, partition {partition}", self.offsets[key], base)
+            _, self.offsets[key] = await write(base, dict(counts))
+            check_not_rolled_back(f"service-wide counts {scope!r}, partition {partition}", self.offsets[key], base)
 
 
 class BatchHandler:

@@ -40,7 +40,7 @@ import numpy as np
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
 from ..state.keys import ingest_chunks, negatives_of, owner_of
-from ..state.offsets import RestartedLogs, StateRolledBack
+from ..state.offsets import RestartedLogs, check_not_rolled_back
 from ..state.scripts import encode_ingest
 from ..state.store import ChunkCuts, Store
 from .aggregate import ClassifierRecords, build_payload, group_by_classifier, positives_by_chunk
@@ -177,7 +177,8 @@ class ScoreIngestor:
                     self._offsets[key] = max(self._offsets.get(key, -1), stored)
                     self._acked[key] = max(self._acked.get(key, -1), stored)
                 else:  # another writer moved the offset (or a prediction was wrong): start from it
-                    _check_not_rolled_back(r.classifier_id, partition, stored, self._acked.get(key, -1))
+                    check_not_rolled_back(f"classifier {r.classifier_id!r}, scores partition {partition}", stored,
+                                          self._acked.get(key, -1))
                     self._offsets[key] = stored
                     for t, _ in call[5]:  # the copies hold this call's counts, never applied
                         self._bins.pop((r.classifier_id, int(t)), None)
@@ -205,7 +206,8 @@ class ScoreIngestor:
         need = [g.classifier_id for g in groups if reload or (g.classifier_id, partition) not in self._offsets]
         stored = await self.store.scores_offsets(need, partition) if need else {}
         for cid, off in stored.items():  # a retry after an outage reloads them: Redis may have gone back
-            _check_not_rolled_back(cid, partition, off, self._acked.get((cid, partition), -1))
+            check_not_rolled_back(f"classifier {cid!r}, scores partition {partition}", off,
+                                  self._acked.get((cid, partition), -1))
         self._offsets.update({(cid, partition): off for cid, off in stored.items()})
         # this batch's own view of the offsets: awaits above let other batches update the cache
         expected = {g.classifier_id: stored.get(g.classifier_id, self._offsets.get((g.classifier_id, partition), -1))
@@ -320,10 +322,3 @@ class ScoreIngestor:
             if cached is None or cached.version <= cuts.version:
                 self._cuts[key] = cuts
         return out
-
-
-def _check_not_rolled_back(cid: str, partition, stored: int, acked: int) -> None:
-    """`StateRolledBack` when the classifier's stored offset lies below one Redis acknowledged
-    (-1, no offset at all, is a classifier forgotten or a state lost: `app.state_watch`)."""
-    if 0 <= stored < acked:
-        raise StateRolledBack(f"classifier {cid!r}, scores partition {partition}", stored, acked)

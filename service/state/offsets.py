@@ -56,3 +56,11 @@ class StateRolledBack(RuntimeError):
                          "or an append-only file not yet synced, or a replica promoted before it had them).  Stopping "
                          "before anything past the gap is committed; the next start reads the partitions again from "
                          "the offsets Redis kept")
+
+
+def check_not_rolled_back(where: str, stored: int, acknowledged: int) -> None:
+    """`StateRolledBack` when an offset guard's `stored` offset lies below the one Redis
+    `acknowledged` to this process (-1, no offset at all, is a state forgotten or lost:
+    `app.state_watch`)."""
+    if 0 <= stored < acknowledged:
+        raise StateRolledBack(where, stored, acknowledged)

@@ -19,8 +19,7 @@
 -- `expired` even when EXPIRE has not swept the request yet (the request loop runs it about once
 -- a tick): this call then expires the request as EXPIRE would (replaced in its stratum).
 -- Returns {outcome[, chunk, stratum]}: replay (with the stored offset), rolled_back (with it), retry,
--- no_state, unknown,
--- duplicate, expired, skipped, accepted.
+-- no_state, unknown, duplicate, expired, skipped, accepted.
 local okey, cnt, pending, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
 if tonumber(ARGV[2]) <= stored then return {'replay', tostring(stored)} end
