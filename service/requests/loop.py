@@ -38,7 +38,7 @@ from ..labels.calibrated import chunk_calibrations
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
-from ..state.keys import negatives_of, owner_of
+from ..state.keys import first_negative_stratum, negatives_of, owner_of
 from ..state.store import ChunkState, Store
 from ..stats.confusion import Target, population
 
@@ -129,6 +129,14 @@ class RequestLoop:
             return [(cid, 0)]
         return [(cid, 0), (negatives_of(cid), self.settings.for_classifier(cid).strata)]
 
+    async def _first_strata(self, cid: str, first: int, chunks: set[int]) -> dict[int, int]:
+        """Per chunk, the public id of a side's stratum 0: 0 for the positives (`first` 0), else
+        `first_negative_stratum` after the chunk's positive strata."""
+        if not first:
+            return dict.fromkeys(chunks, 0)
+        positive = {cs.chunk: cs.strata for cs in await self.store.chunks(cid, sorted(chunks))}
+        return {t: first_negative_stratum(first, positive.get(t, 0)) for t in chunks}
+
     async def republish_outbox(self, cid: str) -> int:
         """Publish requests recorded but not acknowledged by Kafka before a crash."""
         done = 0
@@ -136,10 +144,10 @@ class RequestLoop:
             pending = await self.store.unpublished(sid)
             if not pending:
                 continue
-            records = []
+            records, at = [], await self._first_strata(cid, first, {int(h["chunk"]) for _, h in pending})
             for rid, h in pending:
                 member = orjson.loads(h["item"])
-                records.append((cid, request_message(rid, cid, first + int(h["stratum"]), member,
+                records.append((cid, request_message(rid, cid, at[int(h["chunk"])] + int(h["stratum"]), member,
                                                      int(h["requested_ms"]), int(h["deadline_ms"]), first == 0)))
             await self.publish(records)
             await self.store.mark_published(sid, [rid for rid, _ in pending])
@@ -201,7 +209,9 @@ class RequestLoop:
             if t in moved or not streams.counted_whole(t, cfg.chunk_seconds, self.store.lost_through_ms):
                 continue  # moved: read again next pass; not counted whole: part of it was lost with Redis
             complete = streams.counted_whole(t, cfg.chunk_seconds, unpaired)
-            sides = _sampled_sides([Side(sid, found[sid].get(t), self.settings.for_classifier(sid), first,
+            positive_strata = found[cid][t].strata if t in found[cid] else 0
+            sides = _sampled_sides([Side(sid, found[sid].get(t), self.settings.for_classifier(sid),
+                                         first and first_negative_stratum(first, positive_strata),
                                          pending[sid].get(t, 0), complete or first == 0) for sid, first in states], cfg)
             live = [sd.cs for sd in sides if sd.cs is not None]
             if not live or sum(cs.N.sum() for cs in live) == 0:

@@ -104,6 +104,14 @@ def negatives_of(cid: str) -> str:
     return cid + NEGATIVES_SUFFIX
 
 
+def first_negative_stratum(strata: int, positive_strata: int = 0) -> int:
+    """The public id (label requests, the API) of a chunk's first predicted-negative stratum: the
+    negatives' strata are numbered after the positives', from the configured STRATA (`strata`),
+    or from the chunk's own count of positive strata where that is larger (STRATA lowered while
+    the chunk was open), so the two sides' ids never overlap."""
+    return max(strata, positive_strata)
+
+
 def owner_of(state_id: str) -> tuple[str, bool]:
     """``(classifier id, is the negative side)`` of a state id."""
     if state_id.endswith(NEGATIVES_SUFFIX):
