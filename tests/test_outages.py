@@ -280,8 +280,8 @@ async def test_the_label_studio_bridge_counts_redis_failures(unique_name):
 def test_redis_errors_are_labelled_by_cause():
     from redis.exceptions import ConnectionError, OutOfMemoryError, ReadOnlyError
 
-    from stratameter.app.failures import redis_error_cause
     from stratameter.app.probes import Health
+    from stratameter.metrics.redis_errors import redis_error_cause
 
     assert [redis_error_cause(e) for e in (OutOfMemoryError("oom"), ReadOnlyError("ro"), ConnectionError("down"),
                                            asyncio.TimeoutError(), OSError("reset"))] == \
@@ -300,8 +300,8 @@ def test_redis_errors_are_exported_from_the_start():
     """Every operation and cause is a series at 0 before its first failure (else ``increase()``
     misses that failure and a short outage never fires StratameterRedisFailing), in the service's
     counter as in the bridge's; a count under an operation not listed is still exported."""
-    from stratameter.app.failures import REDIS_ERROR_CAUSES, REDIS_OPERATIONS
-    from stratameter.metrics.redis_errors import redis_errors_family
+    from stratameter.metrics.exposition import REDIS_OPERATIONS
+    from stratameter.metrics.redis_errors import REDIS_ERROR_CAUSES, redis_errors_family
 
     family = redis_errors_family("stratameter_redis_errors", "process", REDIS_OPERATIONS,
                                  {("ingest", "out_of_memory"): 2, ("other", "unavailable"): 1})

@@ -47,9 +47,7 @@ async def route(service, method: str, path: str) -> bytes:
         ok = service.ready()
         return _response(200 if ok else 503, orjson.dumps({"ready": ok}))
     if path == "/metrics":
-        from ..metrics.exposition import render
-
-        return _response(200, await render(service), CONTENT_TYPE_LATEST)
+        return _response(200, await service.render_metrics(), CONTENT_TYPE_LATEST)
     if path == "/v1/classifiers":
         return _response(200, orjson.dumps(await service.store.classifiers()))
     if path.startswith("/v1/classifiers/"):

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 
 from aiokafka.errors import KafkaError
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 
 from .consumer import describe
 
@@ -62,24 +63,6 @@ def describe_outage(exc: BaseException) -> str:
     return describe(exc)
 
 
-#: The causes `redis_error_cause` tells apart (the label of the Redis error counters).
-REDIS_ERROR_CAUSES = ("out_of_memory", "read_only", "unavailable")
-#: What the service was doing when Redis failed (`Health.redis_failed`; the label of
-#: ``stratameter_redis_errors_total``): the ingest's checkpoint, the request loop, its leases, the
-#: readiness probe.
-REDIS_OPERATIONS = ("ingest", "request_loop", "leases", "probe")
-
-
-def redis_error_cause(exc: BaseException) -> str:
-    """The cause of a Redis failure, as ``stratameter_redis_errors_total`` labels it: Redis at its
-    maxmemory, a read-only replica (a failover pointed the service at one), or anything else."""
-    if isinstance(exc, OutOfMemoryError):
-        return "out_of_memory"
-    if isinstance(exc, ReadOnlyError):
-        return "read_only"
-    return "unavailable"
-
-
 class ClassifierFailures:
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
@@ -95,6 +78,18 @@ class ClassifierFailures:
             self._logged[key] = now
             log.exception("classifier failure confined to it", extra={"classifier": cid, "stage": stage,
                                                                        "failures": failures})
+
+    async def confined(self, cid: str, stage: str, work: Awaitable):
+        """`work` awaited, a failure of classifier `cid`'s own recorded (`record`) and None returned
+        instead, so the caller goes on with the other classifiers; an outage (`OUTAGES`) goes
+        through: every classifier would fail alike."""
+        try:
+            return await work
+        except OUTAGES:
+            raise
+        except Exception:  # noqa: BLE001 - confined to this classifier, counted and logged
+            self.record(cid, stage)
+            return None
 
     def of(self, cids) -> dict[tuple[str, str], int]:
         """The counts of every classifier in `cids` at every stage, 0 where none failed (a counter

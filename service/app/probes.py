@@ -20,9 +20,10 @@ from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError
 
 from ..config import Settings, mask_url
+from ..metrics.redis_errors import redis_error_cause
 from ..state.keys import Keys
 from .consumer import StartupError, describe
-from .failures import describe_outage, redis_error_cause
+from .failures import describe_outage
 from .lifecycle import pause
 
 log = logging.getLogger("stratameter")
@@ -55,7 +56,7 @@ class Health:
 
     def count_redis_error(self, exc: BaseException, operation: str) -> None:
         """Count Redis's failure `exc` of `operation` (the label of ``stratameter_redis_errors_total``:
-        `failures.REDIS_OPERATIONS`; of the bridge's ``stratameter_bridge_redis_errors_total``:
+        `metrics.exposition.REDIS_OPERATIONS`; of the bridge's ``stratameter_bridge_redis_errors_total``:
         `bridge.metrics.REDIS_OPERATIONS`)."""
         key = (operation, redis_error_cause(exc))
         self.redis_errors[key] = self.redis_errors.get(key, 0) + 1

@@ -14,7 +14,7 @@ from ..config import Settings
 from ..requests.loop import RequestLoop
 from ..state.store import Store
 from .consumer import KafkaClients
-from .failures import OUTAGES, REDIS_OUTAGES, ClassifierFailures, describe_outage
+from .failures import REDIS_OUTAGES, ClassifierFailures, describe_outage
 from .lifecycle import pause
 from .ownership import LEASE_MS, Leases
 from .probes import Health
@@ -79,12 +79,7 @@ class RequestTask:
         """`_step`, a failure of the classifier's own confined to it (`failures`): the pass goes on,
         so one classifier's failing step never stops the others' label requests.  An outage of
         Redis or Kafka ends the pass (`_pass` reports it): every classifier would fail alike."""
-        try:
-            await self._step(cid)
-        except OUTAGES:
-            raise
-        except Exception:  # noqa: BLE001 - confined to this classifier, counted and logged
-            self.failures.record(cid, "request_loop")
+        await self.failures.confined(cid, "request_loop", self._step(cid))
 
     async def _step(self, cid: str) -> None:
         """Publish what the classifier's outbox holds if this instance has not checked it since

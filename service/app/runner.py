@@ -20,7 +20,7 @@ from aiokafka import TopicPartition
 from ..config import Settings
 from ..ingest.ingestor import ScoreIngestor
 from ..labels.folder import LabelFolder
-from ..state.client import connect
+from ..metrics.exposition import render
 from ..state.store import Store
 from .batch import BatchHandler, GlobalCounts
 from .checkpoint import Checkpoint
@@ -53,7 +53,7 @@ class Service:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = connect(settings)
+        self.redis = settings.redis_client()
         self.store = Store(self.redis, settings.redis_key_prefix)
         self.stopping = asyncio.Event()
         self._started_checks = False  # `_start_checks` passed: the writing loops may run
@@ -85,6 +85,10 @@ class Service:
 
     def ready(self) -> bool:
         return self.health.ready()
+
+    async def render_metrics(self) -> bytes:
+        """The /metrics body (`metrics.exposition`)."""
+        return await render(self)
 
     def _revoked(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken away: forget the offsets cached for them (another instance moves them now)."""

@@ -57,11 +57,10 @@ async def service_consume(settings, cids: list[str], records: int, memory_at: li
     process's includes the bench's own count polls (the same for every ingest).
     """
     from ..app.runner import Service
-    from ..state.client import connect
 
     prefix = settings.redis_key_prefix
     service = Service(settings)
-    probe = connect(settings)
+    probe = settings.redis_client()
     first: list[float] = []
     cpu0: list[float] = []
     task = None

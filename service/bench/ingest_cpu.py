@@ -49,14 +49,13 @@ async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: 
 
     from ..config import load_settings
     from ..ingest.ingestor import ScoreIngestor
-    from ..state.client import connect
     from ..state.store import Store
     from .ingest import counted, redis_cpu_seconds
 
     prefix = f"bench-cpu-{uuid.uuid4().hex[:8]}"
     settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_REDIS_KEY_PREFIX": prefix,
                               "STRATAMETER_METRICS": metrics})
-    redis = connect(settings)
+    redis = settings.redis_client()
     ingestor = ScoreIngestor(Store(redis, prefix), settings, np.random.default_rng(seed))
     out = {}
     try:

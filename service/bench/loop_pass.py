@@ -46,7 +46,6 @@ async def one_setting(redis_url: str, classifiers: int, older: int) -> dict:
     from ..config import load_settings
     from ..requests.loop import RequestLoop
     from ..stats import streams
-    from ..state.client import connect
     from ..state.store import Store
 
     prefix = f"bench-loop-{uuid.uuid4().hex[:8]}"
@@ -54,7 +53,7 @@ async def one_setting(redis_url: str, classifiers: int, older: int) -> dict:
                               "STRATAMETER_CHUNK_SECONDS": str(CHUNK_SECONDS),
                               "STRATAMETER_ALLOWED_LATENESS_SECONDS": "0", "STRATAMETER_INSTANCE_ID": "bench",
                               "STRATAMETER_MAX_LABELS_PER_HOUR": "100000"})
-    redis = connect(settings)
+    redis = settings.redis_client()
     store = Store(redis, prefix)
     cids = [f"loop-{i:04d}" for i in range(classifiers)]
     published: list = []

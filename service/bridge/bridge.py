@@ -42,7 +42,6 @@ from ..app.consumer import StartupError, describe, kafka_startup_error, stop_cli
 from ..app.lifecycle import pause
 from ..app.probes import PROBE_INTERVAL_S, READY_WINDOW_S, Health, check_redis, probe_redis
 from ..config import ConfigError, Settings, env_var
-from ..state.client import connect
 from ..state.keys import Keys
 from . import mapping
 from .client import TASKS_PER_QUERY, LabelStudio, LabelStudioError
@@ -90,7 +89,7 @@ class Bridge:
         self.settings = s = settings
         self.choices = Choices.parse(s.label_studio_choices)
         self.ls = LabelStudio(s.label_studio_url, s.label_studio_token.get_secret_value())
-        self.redis = connect(s)
+        self.redis = s.redis_client()
         self.keys = Keys(s.redis_key_prefix)
         self.health = Health()
         self.metrics = BridgeMetrics(self.health.redis_errors)

@@ -10,8 +10,13 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import SecretStr
+from redis.asyncio import Redis, RedisCluster
 
 from .checks import MASK, QUERY_PASSWORD, mask_url
+
+
+#: Connection options of the service's Redis client (seconds).
+REDIS_TIMEOUTS = {"socket_timeout": 5, "socket_connect_timeout": 5, "health_check_interval": 10}
 
 
 class ClientOptions:
@@ -35,6 +40,17 @@ class ClientOptions:
                 certfile=str(self.kafka_ssl_certfile) if self.kafka_ssl_certfile else None,
                 keyfile=str(self.kafka_ssl_keyfile) if self.kafka_ssl_keyfile else None)
         return kw
+
+    def redis_client(self, **options):
+        """The client the service talks to Redis through: a single Redis (``redis.asyncio.Redis``)
+        or, with REDIS_CLUSTER, a Redis Cluster (``redis.asyncio.RedisCluster``) discovered from the
+        node REDIS_URL names.  Both take the same URL forms (``redis://``, ``rediss://`` with the
+        same TLS files, ACL credentials); a cluster has only database 0 and no ``unix://`` (the
+        settings refuse both at start).  Connects on first use; `options` override
+        `REDIS_TIMEOUTS`."""
+        kwargs = {**REDIS_TIMEOUTS, **self.redis_client_kwargs(), **options}
+        cls = RedisCluster if self.redis_cluster else Redis
+        return cls.from_url(self.redis_url_with_credentials(), **kwargs)
 
     def redis_client_kwargs(self) -> dict[str, Any]:
         """TLS keyword arguments for ``redis.asyncio.Redis.from_url`` (empty unless REDIS_SSL_* are set)."""

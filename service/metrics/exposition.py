@@ -15,9 +15,12 @@ from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
 from ..api.views import classifier_view
-from ..app.failures import OUTAGES, REDIS_OPERATIONS
 from .redis_errors import redis_errors_family
 
+#: What the service was doing when Redis failed (`app.probes.Health.redis_failed`; the label of
+#: ``stratameter_redis_errors_total``): the ingest's checkpoint, the request loop, its leases, the
+#: readiness probe.
+REDIS_OPERATIONS = ("ingest", "request_loop", "leases", "probe")
 
 #: classifiers read at once per scrape
 READ_CONCURRENCY = 32
@@ -197,15 +200,12 @@ async def _snapshot(service) -> SnapshotCollector:
     gate = asyncio.Semaphore(READ_CONCURRENCY)
 
     async def view(cid: str) -> dict | None:
+        """The classifier's figures; None (its series left out, the others' exported) where it
+        fails on its own (`app.failures.ClassifierFailures.confined`)."""
         cfg = service.settings.for_classifier(cid)
         async with gate:
-            try:
-                return await classifier_view(service.store, cid, cfg, history=False)
-            except OUTAGES:
-                raise
-            except Exception:  # noqa: BLE001 - its series are left out, the others' exported
-                service.failures.record(cid, "metrics")
-                return None
+            return await service.failures.confined(cid, "metrics", classifier_view(service.store, cid, cfg,
+                                                                                   history=False))
 
     owned = sorted(service.owned)
     views = [v for v in await asyncio.gather(*(view(c) for c in owned)) if v is not None]

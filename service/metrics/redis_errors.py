@@ -4,14 +4,26 @@ place: the bridge reads it from here, without the service's exposition (its view
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily
+from redis.exceptions import OutOfMemoryError, ReadOnlyError
 
-from ..app.failures import REDIS_ERROR_CAUSES
+#: The causes `redis_error_cause` tells apart (the label of the Redis error counters).
+REDIS_ERROR_CAUSES = ("out_of_memory", "read_only", "unavailable")
+
+
+def redis_error_cause(exc: BaseException) -> str:
+    """The cause of a Redis failure, as the Redis error counters label it: Redis at its maxmemory,
+    a read-only replica (a failover pointed the service at one), or anything else."""
+    if isinstance(exc, OutOfMemoryError):
+        return "out_of_memory"
+    if isinstance(exc, ReadOnlyError):
+        return "read_only"
+    return "unavailable"
 
 
 def redis_errors_family(name: str, where: str, operations: tuple[str, ...],
                         counts: dict[tuple[str, str], int]) -> CounterMetricFamily:
     """``<name>_total{operation,cause}``: the Redis calls that failed in this `where` (the
-    service's process, the bridge), by operation and cause (`failures.redis_error_cause`), from
+    service's process, the bridge), by operation and cause (`redis_error_cause`), from
     `counts`.  Every series from the start, at 0: a series that appears at its first failure
     shows no ``increase()`` for it, and a short outage would never fire the alert on it."""
     family = CounterMetricFamily(
