@@ -77,18 +77,50 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
 
     topics = await service_topics(kafka_bootstrap, unique_name, 3)
     port = find_free_port()
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": service_bootstrap or kafka_bootstrap, "KAFKA_CONSUMER_GROUP": unique_name("group"),
-        "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": unique_name("sm"),
-        "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
-        "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "HTTP_PORT": str(port),
-        **settings,
-    }
+    env = service_env(service_bootstrap or kafka_bootstrap, redis_url, topics, unique_name, HTTP_PORT=str(port),
+                      **settings)
     service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in env.items()}))
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False)
     await producer.start()
     async with serving(service, port, topics, producer, kafka_bootstrap) as run:
         yield run
+
+
+def service_env(kafka_bootstrap: str, redis_url: str, topics: dict[str, str], unique_name, **settings: str) -> dict:
+    """The service's settings (STRATAMETER_ names without the prefix) on the test's broker, Redis and
+    `topics`, with a consumer group and key prefix of their own, and `settings` on top."""
+    return {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "KAFKA_CONSUMER_GROUP": unique_name("group"),
+            "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": unique_name("sm"),
+            "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
+            "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], **settings}
+
+
+async def run_until(env: dict, kafka_bootstrap: str, unique_name, scores, answer, until, cid: str = "c",
+                    timeout: float = 150.0) -> dict:
+    """One run of the service on `env` (`service_env`): send `scores` ((item id, score, event time ms),
+    ...) for classifier `cid`, answer its label requests with `answer` (`Reviewer`), and return its
+    /v1/classifiers view once `until(view)` holds.  Run it again on the same `env` with a setting
+    changed to test that setting changed under a state the service left."""
+    from stratameter.app.runner import Service
+
+    port = find_free_port()
+    topics = {"scores": env["TOPIC_SCORES"], "requests": env["TOPIC_LABEL_REQUESTS"], "labels": env["TOPIC_LABELS"],
+              "dlq": env["TOPIC_DEAD_LETTER"]}
+    service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in {**env, "HTTP_PORT": str(port)}.items()}))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    async with serving(service, port, topics, producer, kafka_bootstrap) as running:
+        for item, score, ms in scores:
+            await running.send_score(classifier_id=cid, item_id=item, score=float(score), event_time=ms)
+        await producer.flush()
+
+        async def done():
+            status, body = await running.get(f"/v1/classifiers/{cid}")
+            doc = orjson.loads(body) if status == 200 else None
+            return doc if doc and until(doc) else None
+
+        async with Reviewer(running, unique_name("rev"), answer):
+            return await wait_for(done, timeout, "the service")
 
 
 @contextlib.asynccontextmanager

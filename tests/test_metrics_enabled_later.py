@@ -8,19 +8,16 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 from scipy.special import expit
 
 from stratameter.config import load_settings
-from stratameter.embedded import find_free_port
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state.keys import negatives_of
 from stratameter.state.store import Store
 from stratameter.stats.streams import counted_whole
-from tests.harness import Reviewer, service_topics, serving, wait_for
+from tests.harness import run_until, service_env, service_topics
 
 pytestmark = pytest.mark.integration
 
@@ -83,14 +80,9 @@ async def test_metrics_enabled_mid_chunk(kafka_bootstrap, redis_url, unique_name
     """The service runs with precision alone while chunk A fills, then restarts with every metric: A's
     second half and chunk B follow.  A reports precision only (`negatives_complete` false, the
     other metrics null, no request for its negatives); B converges on all four, covering the truth."""
-    from stratameter.app.runner import Service
-
     topics = await service_topics(kafka_bootstrap, unique_name, 1)
-    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "KAFKA_CONSUMER_GROUP": unique_name("group"),
-           "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": unique_name("sm"),
-           "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
-           "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "CHUNK_SECONDS": "60",
-           "ALLOWED_LATENESS_SECONDS": "1800", "DELTA": "0.1", "CONFIDENCE": "0.999", "MAX_LABELS_PER_HOUR": "20000"}
+    env = service_env(kafka_bootstrap, redis_url, topics, unique_name, CHUNK_SECONDS="60",
+                      ALLOWED_LATENESS_SECONDS="1800", DELTA="0.1", CONFIDENCE="0.999", MAX_LABELS_PER_HOUR="20000")
     a_score, a_y = _population(2000, 3)
     b_score, b_y = _population(4000, 4)
     chunk_a = int(time.time()) // 60 - 3  # both chunks started, and open all the test long
@@ -102,23 +94,8 @@ async def test_metrics_enabled_mid_chunk(kafka_bootstrap, redis_url, unique_name
         return bool((a_y if kind == "a" else b_y)[i])
 
     async def run(metrics, items, until):
-        port = find_free_port()
-        service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in
-                                         {**env, "HTTP_PORT": str(port), "METRICS": metrics}.items()}))
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-        await producer.start()
-        async with serving(service, port, topics, producer, kafka_bootstrap) as running:
-            for kind, i, s, ms in items:
-                await running.send_score(classifier_id="c", item_id=f"{kind}{i}", score=float(s), event_time=ms)
-            await producer.flush()
-
-            async def done():
-                status, body = await running.get("/v1/classifiers/c")
-                doc = orjson.loads(body) if status == 200 else None
-                return doc if doc and until(doc) else None
-
-            async with Reviewer(running, unique_name("rev"), answer):
-                return await wait_for(done, 150, "the service")
+        return await run_until({**env, "METRICS": metrics}, kafka_bootstrap, unique_name,
+                               [(f"{kind}{i}", s, ms) for kind, i, s, ms in items], answer, until)
 
     half = len(a_score) // 2
     await run("precision", [("a", i, a_score[i], a_ms) for i in range(half)], lambda d: d["scores"] == half)

@@ -8,15 +8,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 from scipy.special import expit
 
-from stratameter.config import load_settings
-from stratameter.embedded import find_free_port
 from stratameter.state.keys import first_negative_stratum
-from tests.harness import Reviewer, service_topics, serving, wait_for
+from tests.harness import run_until, service_env, service_topics
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +25,10 @@ def test_the_negatives_ids_follow_the_larger_of_the_setting_and_the_chunks_posit
 
 
 async def test_strata_lowered_mid_chunk(kafka_bootstrap, redis_url, unique_name):
-    from stratameter.app.runner import Service
-
     topics = await service_topics(kafka_bootstrap, unique_name, 1)
-    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "KAFKA_CONSUMER_GROUP": unique_name("group"),
-           "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": unique_name("sl"),
-           "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
-           "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "CHUNK_SECONDS": "3600",
-           "DELTA": "0.1", "CONFIDENCE": "0.999", "MAX_LABELS_PER_HOUR": "20000",
-           "METRICS": "precision,recall,f1,accuracy", "NEGATIVE_STRATA": "3"}
+    env = service_env(kafka_bootstrap, redis_url, topics, unique_name, CHUNK_SECONDS="3600", DELTA="0.1",
+                      CONFIDENCE="0.999", MAX_LABELS_PER_HOUR="20000", METRICS="precision,recall,f1,accuracy",
+                      NEGATIVE_STRATA="3")
     rng = np.random.default_rng(12)
     n = 3000
     y = rng.random(n) < 0.2
@@ -50,23 +41,8 @@ async def test_strata_lowered_mid_chunk(kafka_bootstrap, redis_url, unique_name)
         return bool(y[int(req["item_id"][1:])])
 
     async def run(strata: int, items: range, until):
-        port = find_free_port()
-        service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in
-                                         {**env, "HTTP_PORT": str(port), "STRATA": str(strata)}.items()}))
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-        await producer.start()
-        async with serving(service, port, topics, producer, kafka_bootstrap) as running:
-            for i in items:
-                await running.send_score(classifier_id="c", item_id=f"i{i}", score=float(score[i]), event_time=now_ms)
-            await producer.flush()
-
-            async def done():
-                status, body = await running.get("/v1/classifiers/c")
-                doc = orjson.loads(body) if status == 200 else None
-                return doc if doc and until(doc) else None
-
-            async with Reviewer(running, unique_name("rev"), answer):
-                return await wait_for(done, 150, "the service")
+        return await run_until({**env, "STRATA": str(strata)}, kafka_bootstrap, unique_name,
+                               [(f"i{i}", score[i], now_ms) for i in items], answer, until)
 
     def stratified(doc):
         return sum(s["side"] == "positive" for s in doc["strata"]) == 4 and doc["labels"] >= 20
