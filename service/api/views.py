@@ -51,8 +51,8 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     chunk_seconds = cfg.chunk_seconds
     closed = is_closed(cs.chunk, cfg, now_s)
     metric_names = cfg.metrics.split(",")
-    first = first_negative_stratum(cfg.strata, cs.strata if cs.N.sum() else 0)
-    sides = [(cs, 0, "positive")] + ([(negatives, first, "negative")] if negatives is not None else [])
+    negatives_from = first_negative_stratum(cfg.strata, cs.strata if cs.N.sum() else 0)
+    sides = [(cs, 0, "positive")] + ([(negatives, negatives_from, "negative")] if negatives is not None else [])
     if cs.N.sum() == 0 and negatives is not None:
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]

@@ -41,7 +41,7 @@ class ClientOptions:
                 keyfile=str(self.kafka_ssl_keyfile) if self.kafka_ssl_keyfile else None)
         return kw
 
-    def redis_client(self, **options):
+    def redis_client(self, **options) -> Redis | RedisCluster:
         """The client the service talks to Redis through: a single Redis (``redis.asyncio.Redis``)
         or, with REDIS_CLUSTER, a Redis Cluster (``redis.asyncio.RedisCluster``) discovered from the
         node REDIS_URL names.  Both take the same URL forms (``redis://``, ``rediss://`` with the
