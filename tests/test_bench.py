@@ -210,6 +210,11 @@ def test_bench_ingest_cpu_counts_every_record_of_both_ingests(redis_url, capsys)
         assert set(cpu) == {"precision", "all_metrics"}
         assert all(cpu[name]["python"] > 0 and cpu[name]["redis"] >= 0 for name in cpu)
         assert doc[half]["python_ratio"] > 0 and doc[half]["both_ratio"] > 0
+        # every metric adds the predicted negatives' candidates; while the reservoirs fill (750
+        # records a stratum and classifier here, under RESERVOIR_SIZE) every record is one
+        candidates = doc[half]["reservoir_candidates_per_record"]
+        assert 0 < candidates["precision"] < candidates["all_metrics"] <= 1
+    assert doc["filling"]["reservoir_candidates_per_record"]["all_metrics"] == 1
 
 
 def test_bench_on_a_cluster_and_serving(kafka_bootstrap, redis_url, redis_cluster_url, capsys):

@@ -89,7 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="instead of the Kafka ingest: the CPU microseconds per record of this process and of Redis "
                         "when the records are parsed and applied straight into Redis, precision alone and every "
                         "metric on the same records, over the first --records of a chunk (its reservoirs filling) "
-                        "and the next --records (full); medians of --repeat; no Kafka")
+                        "and the next --records (full), and the reservoir candidates per record; medians of "
+                        "--repeat; no Kafka")
     p.add_argument("--older-chunks", type=_positive_int, default=None, metavar="M",
                    help=f"with --loop-pass: closed chunks per classifier awaiting answers (default {OLDER_CHUNKS})")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -164,13 +165,14 @@ def _ingest_cpu_table(doc: dict) -> None:
     t = Table(title=f"CPU microseconds per record, no Kafka: {doc['records']:,} records of a chunk and the next "
                     f"{doc['records']:,}, {doc['classifiers']} classifiers, {doc['partitions']} partitions, batches "
                     f"of {doc['batch_max_records']} (medians of {doc['repeat']})")
-    for col in ("records", "ingest", "this process", "Redis", "precision / every metric: process", "both"):
+    for col in ("records", "ingest", "this process", "Redis", "reservoir candidates a record",
+                "precision / every metric: process", "both"):
         t.add_column(col, justify="right")
     for half in HALVES:
         for name in INGESTS:
             cpu, r = doc[half]["cpu_us_per_record"][name], doc[half]
             last = name == "all_metrics"
-            t.add_row(half, name, f"{cpu['python']:.3f}", f"{cpu['redis']:.3f}",
+            t.add_row(half, name, f"{cpu['python']:.3f}", f"{cpu['redis']:.3f}", f"{r['reservoir_candidates_per_record'][name]:.3f}",
                       f"{r['python_ratio']:.3f}" if last else "", f"{r['both_ratio']:.3f}" if last else "")
     Console().print(t)
 

@@ -4,7 +4,9 @@ metric, without Kafka and its scheduling noise.  The bench's records (`core.scor
 (`ScoreIngestor.prepare` then `submit`) a partition batch at a time, the partitions' batches taken
 in turn as a poll brings them, into Redis; the CPU seconds of this process and of Redis (``INFO
 cpu``) are taken over the first `--records` (the chunk's reservoirs filling) and over the next
-`--records` (full: a candidate enters only under the largest priority kept).  The same records for
+`--records` (full: a candidate enters only under the largest priority kept), with the reservoir
+candidates the INGEST payloads carried per record (what the predicted negatives add while the
+reservoirs fill; counted after the timing).  The same records for
 both ingests, each on fresh keys, in turn (every other repeat the every-metric one first), medians
 of `--repeat`.  The service's consume pipeline overlaps this process's work with Redis's; here they
 take turns, so wall time is not reported."""
@@ -40,6 +42,15 @@ def partition_batches(which: np.ndarray, values: list[bytes], partitions: int, b
     return out
 
 
+def reservoir_candidates(encoded: list) -> int:
+    """The reservoir candidates (item and priority pairs, `ingest.aggregate._reservoir_candidates`)
+    the INGEST payloads `encoded` (`state.scripts.EncodedIngest`) carry: the work that grows with
+    the predicted negatives while a chunk's reservoirs fill."""
+    from ..state.scripts import decode_ingest
+
+    return sum(len(entry[1]) // 2 for e in encoded for c in decode_ingest(e)["chunks"] for entry in c["res"])
+
+
 async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: int, cids: list[str],
                      seed: int) -> dict[str, dict[str, float]]:
     """Apply each half's batches with these metrics on fresh keys: per half, CPU microseconds per
@@ -60,14 +71,18 @@ async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: 
     out = {}
     try:
         for name, batches in zip(HALVES, halves):
+            sent: list = []  # the INGEST payloads, counted after the timing (`reservoir_candidates`)
             redis0, cpu0 = await redis_cpu_seconds(redis), time.process_time()
             for partition, offsets, values in batches:
                 batch, _ = parse_scores(values, [0] * len(values), settings.threshold_for)
-                await ingestor.submit(await ingestor.prepare(
+                prepared = await ingestor.prepare(
                     partition, offsets[batch.index], batch.classifier_id, batch.item_id, batch.score,
-                    batch.predicted_positive, batch.event_time_ms, batch.context))
+                    batch.predicted_positive, batch.event_time_ms, batch.context)
+                sent += [call[4] for _, call in prepared.calls]
+                await ingestor.submit(prepared)
             python_s, redis_s = time.process_time() - cpu0, await redis_cpu_seconds(redis) - redis0
-            out[name] = {"python": round(python_s / records * 1e6, 3), "redis": round(redis_s / records * 1e6, 3)}
+            out[name] = {"python": round(python_s / records * 1e6, 3), "redis": round(redis_s / records * 1e6, 3),
+                         "candidates": round(reservoir_candidates(sent) / records, 4)}
         total, sent = await counted(redis, prefix, cids), sum(len(o) for batches in halves for _, o, _ in batches)
         if total != sent:
             raise RuntimeError(f"Redis counted {total} of {sent} records ({metrics})")
@@ -102,7 +117,10 @@ async def ingest_cpu_bench(redis_url: str, records: int, classifiers: int, parti
         median = {name: {proc: float(np.median([r[name][half][proc] for r in runs])) for proc in ("python", "redis")}
                   for name in INGESTS}
         p, a = median["precision"], median["all_metrics"]
-        doc[half] = {"cpu_us_per_record": median, "python_ratio": round(p["python"] / a["python"], 3),
+        doc[half] = {"cpu_us_per_record": median,
+                     "reservoir_candidates_per_record": {
+                         name: float(np.median([r[name][half]["candidates"] for r in runs])) for name in INGESTS},
+                     "python_ratio": round(p["python"] / a["python"], 3),
                      "both_ratio": round((p["python"] + p["redis"]) / (a["python"] + a["redis"]), 3)}
     doc["runs"] = runs
     return doc
