@@ -73,16 +73,9 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
 
     `service_bootstrap` lets the service reach Kafka through another address (a proxy)
     while the test's producer talks to the broker directly."""
-    from stratameter.app.runner import Service
-
     topics = await service_topics(kafka_bootstrap, unique_name, 3)
-    port = find_free_port()
-    env = service_env(service_bootstrap or kafka_bootstrap, redis_url, topics, unique_name, HTTP_PORT=str(port),
-                      **settings)
-    service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in env.items()}))
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False)
-    await producer.start()
-    async with serving(service, port, topics, producer, kafka_bootstrap) as run:
+    env = service_env(service_bootstrap or kafka_bootstrap, redis_url, topics, unique_name, **settings)
+    async with serving_env(env, kafka_bootstrap) as run:
         yield run
 
 
@@ -95,24 +88,32 @@ def service_env(kafka_bootstrap: str, redis_url: str, topics: dict[str, str], un
             "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], **settings}
 
 
-async def run_until(env: dict, kafka_bootstrap: str, unique_name, scores, answer, until, cid: str = "c",
-                    timeout: float = 150.0) -> dict:
-    """One run of the service on `env` (`service_env`): send `scores` ((item id, score, event time ms),
-    ...) for classifier `cid`, answer its label requests with `answer` (`Reviewer`), and return its
-    /v1/classifiers view once `until(view)` holds.  Run it again on the same `env` with a setting
-    changed to test that setting changed under a state the service left."""
+@contextlib.asynccontextmanager
+async def serving_env(env: dict, kafka_bootstrap: str):
+    """The service on the settings `env` (`service_env`, its topics named there) and its HTTP server
+    on a free port, with the test's producer and reviewers on `kafka_bootstrap` (`serving`)."""
     from stratameter.app.runner import Service
 
     port = find_free_port()
     topics = {"scores": env["TOPIC_SCORES"], "requests": env["TOPIC_LABEL_REQUESTS"], "labels": env["TOPIC_LABELS"],
               "dlq": env["TOPIC_DEAD_LETTER"]}
     service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in {**env, "HTTP_PORT": str(port)}.items()}))
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False)
     await producer.start()
     async with serving(service, port, topics, producer, kafka_bootstrap) as running:
+        yield running
+
+
+async def run_until(env: dict, kafka_bootstrap: str, unique_name, scores, answer, until, cid: str = "c",
+                    timeout: float = 150.0) -> dict:
+    """One run of the service on `env` (`service_env`): send `scores` ((item id, score, event time ms),
+    ...) for classifier `cid`, answer its label requests with `answer` (`Reviewer`), and return its
+    /v1/classifiers view once `until(view)` holds.  Run it again on the same `env` with a setting
+    changed to test that setting changed under a state the service left."""
+    async with serving_env(env, kafka_bootstrap) as running:
         for item, score, ms in scores:
             await running.send_score(classifier_id=cid, item_id=item, score=float(score), event_time=ms)
-        await producer.flush()
+        await running.producer.flush()
 
         async def done():
             status, body = await running.get(f"/v1/classifiers/{cid}")

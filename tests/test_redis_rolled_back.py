@@ -12,35 +12,19 @@ replays).  Against the real broker and a real Redis restarted from a snapshot ta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
 from stratameter.config import load_settings
-from stratameter.embedded import EmbeddedRedis, find_free_port
+from stratameter.embedded import EmbeddedRedis
 from stratameter.state.offsets import StateRolledBack
-from tests.harness import service_topics, serving, wait_for
+from tests.harness import service_env, service_topics, serving_env, wait_for
 
 CLASSIFIERS = ("c0", "c1", "c2")
 
 
-@contextlib.asynccontextmanager
-async def _service(kafka_bootstrap: str, redis_url: str, topics: dict, group: str, prefix: str):
-    from stratameter.app.runner import Service
-
-    port = find_free_port()
-    env = {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "KAFKA_CONSUMER_GROUP": group,
-           "KAFKA_SESSION_TIMEOUT_MS": "6000", "REDIS_URL": redis_url, "REDIS_KEY_PREFIX": prefix,
-           "TOPIC_SCORES": topics["scores"], "TOPIC_LABEL_REQUESTS": topics["requests"],
-           "TOPIC_LABELS": topics["labels"], "TOPIC_DEAD_LETTER": topics["dlq"], "HTTP_PORT": str(port)}
-    service = Service(load_settings({f"STRATAMETER_{k}": v for k, v in env.items()}))
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    async with serving(service, port, topics, producer, kafka_bootstrap) as running:
-        yield running
 
 
 async def _send(running, first: int, n: int) -> None:
@@ -88,15 +72,15 @@ async def _snapshot_of_300_then_500(running, client: Redis) -> None:
 
 async def test_a_start_replays_what_a_rolled_back_redis_lost(kafka_bootstrap, unique_name):
     topics = await service_topics(kafka_bootstrap, unique_name, 2)
-    where = (topics, unique_name("group"), unique_name("sm"))
     with EmbeddedRedis() as redis:  # no persistence of its own: SAVE writes the snapshot it restarts from
+        env = service_env(kafka_bootstrap, redis.url, topics, unique_name)
         client = Redis.from_url(redis.url)
-        async with _service(kafka_bootstrap, redis.url, *where) as running:
+        async with serving_env(env, kafka_bootstrap) as running:
             await _snapshot_of_300_then_500(running, client)
         await client.aclose()
         redis.stop()
         redis.start()  # the snapshot of 300
-        async with _service(kafka_bootstrap, redis.url, *where) as running:
+        async with serving_env(env, kafka_bootstrap) as running:
             assert running.service.state_watch.losses == 0  # the settings are there: not a loss
             await wait_for(lambda: _all(running, 500), 30, "the 200 Redis lost counted again")
             await asyncio.sleep(1)
@@ -113,10 +97,10 @@ async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_re
     went back, as in a Redis Cluster whose ``{_global}`` node did not fail over: the process lowers
     the partition's mark to where the classifier's state went back before it stops."""
     topics = await service_topics(kafka_bootstrap, unique_name, 2)
-    where = (topics, unique_name("group"), unique_name("sm"))
     with EmbeddedRedis() as redis:
+        env = service_env(kafka_bootstrap, redis.url, topics, unique_name)
         client = Redis.from_url(redis.url)
-        async with _service(kafka_bootstrap, redis.url, *where) as running:
+        async with serving_env(env, kafka_bootstrap) as running:
             await _snapshot_of_300_then_500(running, client)
             applied = running.service.store.keys.applied
             marks = await client.hgetall(applied)
@@ -131,7 +115,7 @@ async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_re
             assert ended and all(isinstance(t.exception(), StateRolledBack) for t in ended)
             assert await _committed(running) == 500  # nothing committed past the gap
         await client.aclose()
-        async with _service(kafka_bootstrap, redis.url, *where) as running:
+        async with serving_env(env, kafka_bootstrap) as running:
             await wait_for(lambda: _all(running, 600), 30, "every score counted once")
             await asyncio.sleep(1)
             assert await _counted(running) == (600, 600)

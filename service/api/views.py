@@ -51,7 +51,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     chunk_seconds = cfg.chunk_seconds
     closed = is_closed(cs.chunk, cfg, now_s)
     metric_names = cfg.metrics.split(",")
-    negatives_from = first_negative_stratum(cfg.strata, cs.strata if cs.N.sum() else 0)
+    negatives_from = first_negative_stratum(cfg.strata, cs.strata)  # `_lead`'s empty chunk has cfg.strata
     sides = [(cs, 0, "positive")] + ([(negatives, negatives_from, "negative")] if negatives is not None else [])
     if cs.N.sum() == 0 and negatives is not None:
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list

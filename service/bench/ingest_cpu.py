@@ -71,18 +71,18 @@ async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: 
     out = {}
     try:
         for name, batches in zip(HALVES, halves):
-            sent: list = []  # the INGEST payloads, counted after the timing (`reservoir_candidates`)
+            payloads: list = []  # the INGEST payloads, counted after the timing (`reservoir_candidates`)
             redis0, cpu0 = await redis_cpu_seconds(redis), time.process_time()
             for partition, offsets, values in batches:
                 batch, _ = parse_scores(values, [0] * len(values), settings.threshold_for)
                 prepared = await ingestor.prepare(
                     partition, offsets[batch.index], batch.classifier_id, batch.item_id, batch.score,
                     batch.predicted_positive, batch.event_time_ms, batch.context)
-                sent += [call[4] for _, call in prepared.calls]
+                payloads += [call[4] for _, call in prepared.calls]
                 await ingestor.submit(prepared)
             python_s, redis_s = time.process_time() - cpu0, await redis_cpu_seconds(redis) - redis0
             out[name] = {"python": round(python_s / records * 1e6, 3), "redis": round(redis_s / records * 1e6, 3),
-                         "candidates": round(reservoir_candidates(sent) / records, 4)}
+                         "candidates": round(reservoir_candidates(payloads) / records, 4)}
         total, sent = await counted(redis, prefix, cids), sum(len(o) for batches in halves for _, o, _ in batches)
         if total != sent:
             raise RuntimeError(f"Redis counted {total} of {sent} records ({metrics})")
