@@ -121,6 +121,80 @@ async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_re
             assert await _counted(running) == (600, 600)
 
 
+async def _global_keys(client: Redis, prefix: str) -> list[tuple[bytes, int, bytes]]:
+    """(name, PTTL, DUMP) of every ``{_global}`` key under `prefix`: what a Redis Cluster node of
+    those keys holds."""
+    names = [k async for k in client.scan_iter(match=f"{prefix}:{{_global}}:*")]
+    return [(k, await client.pttl(k), await client.dump(k)) for k in names]
+
+
+async def _restore(client: Redis, dumped: list[tuple[bytes, int, bytes]]) -> None:
+    """The `_global_keys` put back as they were: that node did not go back."""
+    for name, ttl, value in dumped:
+        await client.restore(name, max(ttl, 0), value, replace=True)
+
+
+async def test_a_start_replays_a_classifier_whose_node_went_back_while_the_marks_node_did_not(kafka_bootstrap,
+                                                                                          unique_name):
+    """A Redis Cluster whose classifiers' nodes went back (a replica promoted before it had the last
+    writes) while the ``{_global}`` node, with the applied marks, did not, and no process running
+    to meet it: the marks equal the committed offsets, so they replay nothing; the classifiers'
+    acknowledged offsets kept beside the marks (``Keys.acknowledged``) do.  Before: (300, 300) for
+    good."""
+    topics = await service_topics(kafka_bootstrap, unique_name, 2)
+    with EmbeddedRedis() as redis:
+        env = service_env(kafka_bootstrap, redis.url, topics, unique_name)
+        client = Redis.from_url(redis.url)
+        async with serving_env(env, kafka_bootstrap) as running:
+            await _snapshot_of_300_then_500(running, client)
+        kept = await _global_keys(client, env["REDIS_KEY_PREFIX"])
+        await client.aclose()
+        redis.stop()
+        redis.start()  # the classifiers' state of 300
+        client = Redis.from_url(redis.url)
+        await _restore(client, kept)
+        async with serving_env(env, kafka_bootstrap) as running:
+            await wait_for(lambda: _all(running, 500), 30, "the 200 the classifiers' nodes lost counted again")
+            await asyncio.sleep(1)
+            assert await _counted(running) == (500, 500)
+            assert running.service.state_watch.rollbacks >= 1 and running.service.state_watch.losses == 0
+        await client.aclose()
+
+
+async def test_a_process_that_never_wrote_a_classifier_stops_when_its_node_goes_back(kafka_bootstrap, unique_name):
+    """The same, with a process running on the partitions when the classifiers' nodes go back, one
+    that has not written them yet (it started after their last scores): it knows what their guards
+    acknowledged from the copy it read at assignment, so their next score stops it before it
+    counts past the gap, and its restart replays.  Before: the 200 never counted."""
+    topics = await service_topics(kafka_bootstrap, unique_name, 2)
+    with EmbeddedRedis() as redis:
+        env = service_env(kafka_bootstrap, redis.url, topics, unique_name)
+        client = Redis.from_url(redis.url)
+        async with serving_env(env, kafka_bootstrap) as running:
+            await _snapshot_of_300_then_500(running, client)
+        async with serving_env(env, kafka_bootstrap) as running:
+            await wait_for(lambda: _assigned(running), 30, "the partitions assigned")
+            kept = await _global_keys(client, env["REDIS_KEY_PREFIX"])
+            await client.aclose()
+            redis.stop()
+            redis.start()  # under the running service: the classifiers' state of 300
+            client = Redis.from_url(redis.url)
+            await _restore(client, kept)
+            await _send(running, 500, 100)
+            ended, _ = await asyncio.wait(running.tasks, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+            assert ended and all(isinstance(t.exception(), StateRolledBack) for t in ended)
+            assert await _committed(running) == 500  # nothing committed past the gap
+        await client.aclose()
+        async with serving_env(env, kafka_bootstrap) as running:
+            await wait_for(lambda: _all(running, 600), 30, "every score counted once")
+            await asyncio.sleep(1)
+            assert await _counted(running) == (600, 600)
+
+
+async def _assigned(running) -> bool:
+    return bool(running.service.consumer.assignment())
+
+
 async def test_label_answers_stop_at_a_state_gone_back(redis_url, unique_name):
     """LABEL refuses an answer whose state holds a labels offset below the one this process saw
     applied (before: it was folded and the offset jumped over the answers Redis lost, so the replay
@@ -167,4 +241,56 @@ async def test_service_wide_counts_stop_at_a_state_gone_back(redis_url, unique_n
     with pytest.raises(StateRolledBack):
         await counts.add_invalid("scores", 0, {12: "bad_json"}, 12)
     assert int(await redis.hget(store.keys.global_offsets("scores"), "0")) == 4
+    await redis.aclose()
+
+
+class _Consumer:
+    """What `StateWatch.replay_rolled_back` asks the consumer: committed offsets, and the seeks."""
+
+    def __init__(self, committed: int) -> None:
+        self.consumer, self._committed, self.seeks = self, committed, {}
+
+    async def committed(self, tp) -> int:
+        return self._committed
+
+    def seek(self, tp, offset: int) -> None:
+        self.seeks[tp] = offset
+
+
+async def test_assignment_replays_a_labels_partition_from_the_lowest_state_gone_back(redis_url, unique_name):
+    """The acknowledged offsets of both topics and of a classifier's predicted negatives: a labels
+    partition is read again from the lowest offset after what a state holds below its
+    acknowledged one; states that hold theirs are noted for this process, and a state holding no
+    offset there (forgotten) is not replayed."""
+    from aiokafka import TopicPartition
+
+    from stratameter.app.batch import BatchHandler, GlobalCounts
+    from stratameter.app.state_watch import StateWatch
+    from stratameter.ingest.ingestor import ScoreIngestor
+    from stratameter.labels.folder import LabelFolder
+    from stratameter.state.keys import negatives_of
+    from stratameter.state.store import Store
+
+    redis = Redis.from_url(redis_url)
+    settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_REDIS_KEY_PREFIX": unique_name("ack")})
+    store = Store(redis, settings.redis_key_prefix)
+    for cid in ("a", "b", "gone"):
+        await redis.sadd(store.keys.classifiers, cid)
+    await store.note_acknowledged({"a": {"labels:0": 20, "scores:0": 50}, negatives_of("a"): {"labels:0": 30},
+                                   "b": {"labels:0": 12}, "gone": {"labels:0": 99}})
+    await redis.hset(store.keys.labels_offsets("a"), "0", 20)  # held
+    await redis.hset(store.keys.labels_offsets(negatives_of("a")), "0", 17)  # went back: from 18
+    await redis.hset(store.keys.labels_offsets("b"), "0", 9)  # went back: from 10, the lowest
+    await redis.hset(store.keys.scores_offsets("a"), "0", 50)  # held
+    folder, ingestor = LabelFolder(store), ScoreIngestor(store, settings)
+    batches = BatchHandler(settings, ingestor, folder, GlobalCounts(store), None, asyncio.Event())
+    kafka = _Consumer(committed=0)  # the marks have nothing to replay
+    watch = StateWatch(store, settings, kafka, batches)
+    labels, scores = TopicPartition(settings.topic_labels, 0), TopicPartition(settings.topic_scores, 0)
+    await watch.replay_rolled_back([labels, scores])
+    assert kafka.seeks == {labels: 10} and watch.rollbacks == 1
+    assert folder.acknowledged.get(("a", 0)) == 20 and ingestor.acknowledged.get(("a", 0)) == 50
+    assert folder.acknowledged.get(("b", 0)) == -1  # went back: its replay must not be refused
+    assert folder.acknowledged.get(("gone", 0)) == -1
+    assert folder.acknowledged.take() == {} == ingestor.acknowledged.take()  # seeds are not copied back
     await redis.aclose()

@@ -28,7 +28,7 @@ from stratameter.config import load_settings
 from stratameter.ingest.aggregate import build_payload, group_by_classifier
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state import scripts
-from stratameter.state.keys import ingest_chunks
+from stratameter.state.keys import ingest_chunks, negatives_of
 from stratameter.state.scripts import encode_ingest
 from stratameter.state.store import ChunkCuts, Store
 
@@ -271,8 +271,15 @@ async def _exercise(store: Store, settings) -> None:
     assert not await store.lower_applied("scores:0", 450)  # LOWER_APPLIED: only lowers
     assert await store.lower_applied("scores:0", 350)
     assert await store.applied_marks(["scores:0"]) == [350]
+    negatives = negatives_of(cid)
+    await store.note_acknowledged({cid: {"scores:0": 400, "labels:0": 3}, negatives: {"scores:0": 390}})  # NOTE_ACKNOWLEDGED
+    await store.note_acknowledged({cid: {"scores:0": 300, "labels:0": 5}})  # raised, never lowered
+    assert await store.acknowledged_offsets([cid, negatives, "clf-none"], ["scores:0", "labels:0"]) == {
+        cid: {"scores:0": 400, "labels:0": 5}, negatives: {"scores:0": 390}}
     assert await store.forget(cid, await store.chunk_ids(cid))  # FORGET
-    assert not await store.redis.exists(store.keys.meta(cid), store.keys.chunk_meta(cid, chunk_a))
+    assert not await store.redis.exists(store.keys.meta(cid), store.keys.chunk_meta(cid, chunk_a),
+                                        store.keys.acknowledged(cid))  # its acknowledged offsets with it
+    assert await store.acknowledged_offsets([negatives], ["scores:0"]) == {negatives: {"scores:0": 390}}
 
 
 @pytest.mark.integration

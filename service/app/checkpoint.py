@@ -138,9 +138,11 @@ class Checkpoint:
             log.warning("offset commit failed; the batch will be replayed idempotently", extra={"error": repr(exc)})
 
     async def _note_applied(self, commits: dict[TopicPartition, OffsetAndMetadata]) -> None:
-        """The applied marks raised to `commits` of the partitions this process still owns (a
-        revoked one's new owner writes its own); `StateRolledBack` if one was below the mark this
-        process noted last."""
+        """The states' acknowledged offsets copied service-wide (`_note_acknowledged`), then the
+        applied marks raised to `commits` of the partitions this process still owns (a revoked
+        one's new owner writes its own); `StateRolledBack` if one was below the mark this process
+        noted last."""
+        await self._note_acknowledged()
         owned = self.kafka.consumer.assignment()
         tps = [tp for tp in commits if tp in owned]
         if not tps:
@@ -151,6 +153,25 @@ class Checkpoint:
             if mark is not None and mark < self._noted.get(tp, -1):
                 raise StateRolledBack(f"{tp.topic} partition {tp.partition}", mark - 1, self._noted[tp] - 1)
             self._noted[tp] = max(self._noted.get(tp, -1), commits[tp].offset)
+
+    async def _note_acknowledged(self) -> None:
+        """Copy the offsets the states' guards acknowledged since the last commit to the service-wide
+        ``acknowledged`` hashes, before Kafka is told: in a Redis Cluster a state's node can go back
+        while the ``{_global}`` node keeps the marks, and a start that did not write the state would
+        not see it (`state_watch.StateWatch.replay_rolled_back`).  Kept for the next commit if
+        Redis fails."""
+        sides = (self.batches.ingestor.acknowledged, self.batches.folder.acknowledged)
+        taken = [side.take() for side in sides]
+        by_state: dict[str, dict[str, int]] = {}
+        for side, new in zip(sides, taken):
+            for sid, fields in side.fields(new).items():
+                by_state.setdefault(sid, {}).update(fields)
+        try:
+            await self.batches.ingestor.store.note_acknowledged(by_state)
+        except BaseException:
+            for side, new in zip(sides, taken):
+                side.give_back(new)
+            raise
 
     async def commit_forever(self) -> None:
         """Commit in the background, at most every `COMMIT_INTERVAL_S`, until stopping (not

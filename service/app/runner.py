@@ -73,7 +73,7 @@ class Service:
         self.failures = ClassifierFailures()  # what the request loop and the scrape confine to a classifier
         self.requests = RequestTask(self.store, settings, self.kafka, self.leases, self.health, self.stopping,
                                     self.wake, self.failures)
-        self.state_watch = StateWatch(self.store, settings, self.kafka)  # Redis losing the state
+        self.state_watch = StateWatch(self.store, settings, self.kafka, self.batches)  # Redis losing the state
         self._checking = asyncio.Lock()  # the writing loops' start checks run once (`_once_checked`)
 
     # what the HTTP API and the metrics read

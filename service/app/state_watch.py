@@ -21,9 +21,11 @@ Redis can also lose only its last writes (restarted from an older snapshot or fr
 file not yet synced, a replica promoted before it had them): the state went back, and the offsets
 Kafka committed after it outlive it (`state.offsets.StateRolledBack`).  Nothing is lost then: every
 partition assigned to this process is read again from the mark Redis kept of what its state
-applied (``Keys.applied``, `app.checkpoint`) when the committed offset lies above it, and the
-offset guards skip what survived (`replay_rolled_back`; logged as an error, counted in
-``stratameter_redis_state_rolled_back_total``).
+applied (``Keys.applied``, `app.checkpoint`) when the committed offset lies above it, or from the
+offset a classifier's state holds when that lies below the one its guard acknowledged (kept
+service-wide, ``Keys.acknowledged``: in a Redis Cluster a classifier's node can go back while the
+marks' node did not), and the offset guards skip what survived (`replay_rolled_back`; logged as an
+error, counted in ``stratameter_redis_state_rolled_back_total``).
 """
 
 from __future__ import annotations
@@ -35,16 +37,20 @@ import time
 from aiokafka import TopicPartition
 
 from ..config import Settings
-from ..state.offsets import applied_field
+from ..state.keys import negatives_of
+from ..state.offsets import Acknowledged, acknowledged_field, applied_field
 from ..state.store import Store
+from .batch import BatchHandler
 from .consumer import KafkaClients, describe
 
 log = logging.getLogger("stratameter")
 
 
 class StateWatch:
-    def __init__(self, store: Store, settings: Settings, kafka: KafkaClients) -> None:
+    def __init__(self, store: Store, settings: Settings, kafka: KafkaClients, batches: BatchHandler | None = None
+                 ) -> None:
         self.store, self.settings, self.kafka = store, settings, kafka
+        self.batches = batches  # the states' acknowledged offsets (`_states_gone_back`); None: not checked
         self.losses = 0  # losses this process saw
         self.rollbacks = 0  # partitions this process read again from their applied marks
         self._watching = False  # the start's check ran: from now on the settings must stay noted
@@ -80,24 +86,72 @@ class StateWatch:
             await self._lost("the settings were noted afresh by another start")
 
     async def replay_rolled_back(self, partitions) -> None:
-        """At assignment: read each partition again from its applied mark where Kafka's committed
-        offset lies above it (Redis went back).  Never keeps the partitions from being consumed."""
+        """At assignment: read each partition again from where Redis went back on it, if it did:
+        its applied mark where Kafka's committed offset lies above it (`_marks_gone_back`), or the
+        offset a state holds below the one its guard acknowledged (`_states_gone_back`), whichever
+        is lower.  Never keeps the partitions from being consumed."""
         tps = sorted(partitions)
         try:
-            marks = await self.store.applied_marks([applied_field(tp.topic, tp.partition) for tp in tps])
-            marked = [(tp, mark) for tp, mark in zip(tps, marks) if mark is not None]
-            offsets = await asyncio.gather(*(self.kafka.consumer.committed(tp) for tp, _ in marked))
-            for (tp, mark), committed in zip(marked, offsets):
-                if committed is not None and mark < committed:
-                    self.kafka.consumer.seek(tp, mark)
-                    self.rollbacks += 1
-                    log.error(f"Redis lost acknowledged writes (restarted from an older snapshot or an append-only "
-                              f"file not yet synced, or a replica promoted before it had them): {tp.topic} partition "
-                              f"{tp.partition} is read again from offset {mark}, the mark Redis kept of what its state "
-                              f"applied, instead of the committed {committed}; the records that survived are skipped.  "
-                              "Run Redis with appendfsync always to keep acknowledged writes through a crash.")
+            replay = await self._marks_gone_back(tps)
+            for tp, (offset, why) in (await self._states_gone_back(tps)).items():
+                if tp not in replay or offset < replay[tp][0]:
+                    replay[tp] = (offset, why)
+            for tp, (offset, why) in sorted(replay.items()):
+                self.kafka.consumer.seek(tp, offset)
+                self.rollbacks += 1
+                log.error(f"Redis lost acknowledged writes (restarted from an older snapshot or an append-only "
+                          f"file not yet synced, or a replica promoted before it had them): {tp.topic} partition "
+                          f"{tp.partition} is read again from offset {offset} ({why}); the records that survived "
+                          "are skipped.  Run Redis with appendfsync always to keep acknowledged writes through a "
+                          "crash.")
         except Exception as exc:  # noqa: BLE001 - Redis down: the partitions are consumed from the committed offsets
             log.warning("could not check the applied marks of the assigned partitions: %s", describe(exc))
+
+    async def _marks_gone_back(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
+        """partition -> (its applied mark, why) where the offset Kafka committed lies above the mark."""
+        marks = await self.store.applied_marks([applied_field(tp.topic, tp.partition) for tp in tps])
+        marked = [(tp, mark) for tp, mark in zip(tps, marks) if mark is not None]
+        offsets = await asyncio.gather(*(self.kafka.consumer.committed(tp) for tp, _ in marked))
+        return {tp: (mark, f"the mark Redis kept of what its state applied, instead of the committed {committed}")
+                for (tp, mark), committed in zip(marked, offsets) if committed is not None and mark < committed}
+
+    async def _states_gone_back(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
+        """partition -> (the lowest offset after one a state holds below what its guard acknowledged,
+        why), from the service-wide copy of the acknowledged offsets (``Keys.acknowledged``): in a
+        Redis Cluster a state's node can go back while the node of the marks did not.  The states
+        that hold what they acknowledged have it noted for this process (`Acknowledged.seed`), so a
+        state going back while this process runs stops it before it writes the state again.  A
+        state holding no offset on the partition (forgotten, or lost whole) is not replayed."""
+        if self.batches is None or not tps:
+            return {}
+        cids = await self.store.classifiers()
+        sids = [sid for cid in cids for sid in (cid, negatives_of(cid))]
+        sides = {tp: self._side(tp) for tp in tps}
+        noted = await self.store.acknowledged_offsets(sids, sorted({field for _, _, field in sides.values()}))
+        out: dict[TopicPartition, tuple[int, str]] = {}
+        for tp, (side, partition, field) in sides.items():
+            states = [sid for sid, fields in noted.items() if field in fields]
+            if not states:
+                continue
+            read = self.store.scores_offsets if side.kind == "scores" else self.store.labels_offsets
+            held = await read(states, partition)
+            for sid in states:
+                acknowledged, stored = noted[sid][field], held[sid]
+                if 0 <= stored < acknowledged:
+                    if tp not in out or stored + 1 < out[tp][0]:
+                        out[tp] = (stored + 1, f"the state {sid!r} holds offset {stored}, below the "
+                                               f"{acknowledged} Redis acknowledged")
+                elif stored >= acknowledged:
+                    side.seed(sid, partition, acknowledged)
+        return out
+
+    def _side(self, tp: TopicPartition) -> tuple[Acknowledged, int | str, str]:
+        """The acknowledged offsets of `tp`'s topic, the name states keep its offset under, and its
+        field in the service-wide copy."""
+        batches = self.batches
+        side = batches.ingestor.acknowledged if tp.topic == self.settings.topic_scores else batches.folder.acknowledged
+        partition = batches.offset_field(tp)
+        return side, partition, acknowledged_field(side.kind, partition)
 
     async def _consumed_before(self) -> bool:
         topic = self.settings.topic_scores

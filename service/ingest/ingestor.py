@@ -40,7 +40,7 @@ import numpy as np
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
 from ..state.keys import ingest_chunks, negatives_of, owner_of
-from ..state.offsets import RestartedLogs, check_not_rolled_back
+from ..state.offsets import Acknowledged, RestartedLogs, check_not_rolled_back
 from ..state.scripts import encode_ingest
 from ..state.store import ChunkCuts, Store
 from .aggregate import ClassifierRecords, build_payload, group_by_classifier, positives_by_chunk
@@ -93,7 +93,7 @@ class ScoreIngestor:
         self.settings = settings
         self.rng = rng or np.random.default_rng()
         self._offsets: dict[tuple[str, int], int] = {}
-        self._acked: dict[tuple[str, int], int] = {}  # (cid, partition) -> the offset Redis last applied for us
+        self.acknowledged = Acknowledged("scores")  # (cid, partition) -> the offset Redis last applied for us
         # (cid, chunk) -> its stored cuts; replaced only through the INGEST cuts guard
         self._cuts: dict[tuple[str, int], ChunkCuts] = {}
         # (cid, chunk) -> per stratum its full reservoir's cutoff (INGEST: the larger of the
@@ -122,8 +122,7 @@ class ScoreIngestor:
         """Drop cached offsets of a partition this instance no longer owns."""
         for key in [k for k in self._offsets if k[1] == partition]:
             del self._offsets[key]
-        for key in [k for k in self._acked if k[1] == partition]:
-            del self._acked[key]
+        self.acknowledged.forget_partition(partition)
         self._log_ends.pop(partition, None)
 
     async def apply(self, partition: int, offsets, classifier_ids, item_ids, scores, positive, event_ms,
@@ -175,10 +174,10 @@ class ScoreIngestor:
                 if applied:
                     counted += 0 if owner_of(r.classifier_id)[1] else r.size  # each record once
                     self._offsets[key] = max(self._offsets.get(key, -1), stored)
-                    self._acked[key] = max(self._acked.get(key, -1), stored)
+                    self.acknowledged.note(r.classifier_id, partition, stored)
                 else:  # another writer moved the offset (or a prediction was wrong): start from it
                     check_not_rolled_back(f"classifier {r.classifier_id!r}, scores partition {partition}", stored,
-                                          self._acked.get(key, -1))
+                                          self.acknowledged.get(key, -1))
                     self._offsets[key] = stored
                     for t, _ in call[5]:  # the copies hold this call's counts, never applied
                         self._bins.pop((r.classifier_id, int(t)), None)
@@ -207,7 +206,7 @@ class ScoreIngestor:
         stored = await self.store.scores_offsets(need, partition) if need else {}
         for cid, off in stored.items():  # a retry after an outage reloads them: Redis may have gone back
             check_not_rolled_back(f"classifier {cid!r}, scores partition {partition}", off,
-                                  self._acked.get((cid, partition), -1))
+                                  self.acknowledged.get((cid, partition), -1))
         self._offsets.update({(cid, partition): off for cid, off in stored.items()})
         # this batch's own view of the offsets: awaits above let other batches update the cache
         expected = {g.classifier_id: stored.get(g.classifier_id, self._offsets.get((g.classifier_id, partition), -1))

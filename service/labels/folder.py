@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from stratameter.schemas.messages import is_classifier_id
 
 from ..state.keys import owner_of
-from ..state.offsets import RestartedLogs, StateRolledBack
+from ..state.offsets import Acknowledged, RestartedLogs, StateRolledBack
 from ..state.store import Store
 
 
@@ -42,12 +42,11 @@ class LabelFolder:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._restarted = RestartedLogs("labels")
-        self._acked: dict[tuple[str, object], int] = {}  # (state, partition) -> the offset LABEL last applied for us
+        self.acknowledged = Acknowledged("labels")  # (state, partition) -> the offset LABEL last applied for us
 
     def forget_partition(self, partition) -> None:
         """Drop what was seen applied on a partition this instance no longer owns."""
-        for key in [k for k in self._acked if k[1] == partition]:
-            del self._acked[key]
+        self.acknowledged.forget_partition(partition)
 
     async def apply(self, partition: int, offsets, request_ids, labels, labelers,
                     log_end: int | None = None) -> list[LabelOutcome]:
@@ -69,11 +68,11 @@ class LabelFolder:
             calls.append((cid, partition, int(off), rid, value, now_ms, who or ""))
             where.append((i, cid))
         if calls:
-            for (i, cid), call, res in zip(where, calls, await self.store.apply_labels(calls, self._acked)):
+            for (i, cid), call, res in zip(where, calls, await self.store.apply_labels(calls, self.acknowledged)):
                 outcome = res[0]
                 if outcome == "rolled_back":
                     raise StateRolledBack(f"classifier {cid!r}, labels partition {partition}", int(res[1]),
-                                          self._acked[(cid, partition)])
+                                          self.acknowledged[(cid, partition)])
                 if outcome == "no_state":  # a made-up classifier part: no state, no key created
                     out.append(LabelOutcome(i, "", "unknown"))
                     continue
@@ -81,7 +80,7 @@ class LabelFolder:
                     self._restarted.check(cid, partition, int(res[1]), log_end)
                     out.append(LabelOutcome(i, cid, outcome))
                     continue
-                self._acked[(cid, partition)] = max(self._acked.get((cid, partition), -1), call[2])
+                self.acknowledged.note(cid, partition, call[2])
                 chunk = int(res[1]) if len(res) > 1 else None
                 stratum = int(res[2]) if len(res) > 2 else None
                 out.append(LabelOutcome(i, cid, outcome, chunk, stratum))

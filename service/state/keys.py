@@ -72,6 +72,12 @@ Service-wide ``<prefix>:{_global}:...``
   applied             hash   "<topic>:<partition>" -> the next offset to read: every record before it
                              changed the state (raised before the offsets are committed to Kafka,
                              `app.checkpoint`; a Redis rolled back is replayed from it, `app.state_watch`)
+  acknowledged:<sid>  hash   "scores:<partition>" / "labels:<partition>" (the name the state keeps the
+                             partition's offset under) -> the last offset the state's guard acknowledged
+                             applied (copied at each commit, `app.checkpoint`): in a Redis Cluster a
+                             state's node can go back while this one did not, and the start that finds
+                             the state below it replays the partition from the state's offset
+                             (`app.state_watch`); deleted with the state (FORGET)
   probe:<instance>    string the readiness probe's write, the service's and the bridge's (PX 6 s;
                              refused by a full Redis; `app.probes.probe_redis`)
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic
@@ -214,6 +220,10 @@ class Keys:
     labels_unknown = _global_key("labels_unknown")
     settings = _global_key("settings")
     applied = _global_key("applied")
+
+    def acknowledged(self, sid: str) -> str:
+        """``<prefix>:{_global}:acknowledged:<sid>``: the offsets state `sid`'s guards acknowledged."""
+        return f"{self.global_stem}:acknowledged:{sid}"
 
     def probe(self, instance: str) -> str:
         """``<prefix>:{_global}:probe:<instance>``: the readiness probe's write (expires by itself)."""

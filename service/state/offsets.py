@@ -64,3 +64,67 @@ def check_not_rolled_back(where: str, stored: int, acknowledged: int) -> None:
     `app.state_watch`)."""
     if 0 <= stored < acknowledged:
         raise StateRolledBack(where, stored, acknowledged)
+
+
+def acknowledged_field(kind: str, partition) -> str:
+    """A partition's field in a state's acknowledged offsets (``Keys.acknowledged``): `kind`
+    (``scores`` or ``labels``) and the name the state keeps the partition's offset under
+    (`app.batch.BatchHandler.offset_field`)."""
+    return f"{kind}:{partition}"
+
+
+class Acknowledged:
+    """The offsets Redis acknowledged as applied, per (state, partition), for one topic kind:
+    what a state must still hold.  A state holding less went back (`StateRolledBack`).
+
+    Raised from the offset guards' replies (`note`) and from the copies kept service-wide
+    (`seed`, at assignment: in a Redis Cluster a state's node can go back while the node of
+    the ``{_global}`` keys did not, and a process that has not written the state yet would not
+    know what it acknowledged).  What `note` raised since the last `take` is copied to Redis at
+    the next commit (`app.checkpoint`)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._offsets: dict[tuple[str, object], int] = {}
+        self._new: set[tuple[str, object]] = set()  # raised by `note` since the last `take`
+
+    def get(self, key: tuple[str, object], default: int = -1) -> int:
+        return self._offsets.get(key, default)
+
+    def __getitem__(self, key: tuple[str, object]) -> int:
+        return self._offsets[key]
+
+    def note(self, state_id: str, partition, offset: int) -> None:
+        """Redis acknowledged `offset` applied for the state on `partition`."""
+        key = (state_id, partition)
+        if offset > self._offsets.get(key, -1):
+            self._offsets[key] = offset
+            self._new.add(key)
+
+    def seed(self, state_id: str, partition, offset: int) -> None:
+        """Another process's acknowledgement, read from the service-wide copy (not copied back)."""
+        key = (state_id, partition)
+        self._offsets[key] = max(self._offsets.get(key, -1), offset)
+
+    def forget_partition(self, partition) -> None:
+        """Drop what was acknowledged on a partition this process no longer owns."""
+        for key in [k for k in self._offsets if k[1] == partition]:
+            del self._offsets[key]
+        self._new = {k for k in self._new if k[1] != partition}
+
+    def take(self) -> dict[tuple[str, object], int]:
+        """(state id, partition) -> offset of what `note` raised since the last take."""
+        out = {key: self._offsets[key] for key in self._new}
+        self._new = set()
+        return out
+
+    def give_back(self, taken: dict[tuple[str, object], int]) -> None:
+        """`taken` was not copied to Redis (an outage): it goes with the next `take`."""
+        self._new.update(key for key in taken if key in self._offsets)
+
+    def fields(self, taken: dict[tuple[str, object], int]) -> dict[str, dict[str, int]]:
+        """`taken` as the service-wide copy keeps it: state id -> {`acknowledged_field`: offset}."""
+        out: dict[str, dict[str, int]] = {}
+        for (sid, partition), offset in taken.items():
+            out.setdefault(sid, {})[acknowledged_field(self.kind, partition)] = offset
+        return out

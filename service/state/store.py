@@ -69,6 +69,11 @@ class Store(Reads, ScriptCalls):
         vals = await self._hgets([self.keys.scores_offsets(cid) for cid in cids], str(partition))
         return {cid: int(v) if v is not None else -1 for cid, v in zip(cids, vals)}
 
+    async def labels_offsets(self, cids: list[str], partition) -> dict[str, int]:
+        """LABEL's stored offset of each state on `partition` (-1: none)."""
+        vals = await self._hgets([self.keys.labels_offsets(cid) for cid in cids], str(partition))
+        return {cid: int(v) if v is not None else -1 for cid, v in zip(cids, vals)}
+
     async def chunk_strata(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], ChunkCuts | None]:
         """Cuts, cuts version and provisional flag of each (cid, chunk); None if not opened."""
         pipe = self.redis.pipeline(transaction=False)
@@ -393,9 +398,13 @@ class Store(Reads, ScriptCalls):
         return len(old)
 
     async def forget(self, sid: str, ids: list[int]) -> bool:
-        """FORGET a state whose newest chunk is still ``ids[-1]``; False if a newer one came."""
+        """FORGET a state whose newest chunk is still ``ids[-1]``; False if a newer one came.  Its
+        acknowledged offsets go after it (another slot: a second call)."""
         keys = self.keys.forget_keys(sid, ids, MAX_STRATA)
-        return bool(await self._scripts["FORGET"](keys=keys, args=[str(ids[-1]) if ids else ""]))
+        if not await self._scripts["FORGET"](keys=keys, args=[str(ids[-1]) if ids else ""]):
+            return False
+        await self.redis.delete(self.keys.acknowledged(sid))
+        return True
 
     async def stored_chunk_seconds(self, chunk_seconds: int) -> int:
         """The chunk length the state under this prefix was written with (``settings``), this one
@@ -450,6 +459,30 @@ class Store(Reads, ScriptCalls):
         args = [x for field, (last, new) in marks.items() for x in (field, last, new)]
         before = await self._scripts["NOTE_APPLIED"](keys=[self.keys.applied], args=args)
         return [None if b is None else int(b) for b in before]
+
+    async def note_acknowledged(self, by_state: dict[str, dict[str, int]]) -> None:
+        """Raise the service-wide copy of the offsets each state's guards acknowledged
+        (``acknowledged:<sid>``, `state.offsets.Acknowledged`), never lower it."""
+        if not by_state:
+            return
+        args: list = []
+        for fields in by_state.values():
+            args.append(len(fields))
+            args += [x for pair in fields.items() for x in pair]
+        await self._scripts["NOTE_ACKNOWLEDGED"](keys=[self.keys.acknowledged(sid) for sid in by_state], args=args)
+
+    async def acknowledged_offsets(self, sids: list[str], fields: list[str]) -> dict[str, dict[str, int]]:
+        """state id -> {field: offset} of the acknowledged offsets noted for `fields` (states with
+        none left out)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in sids:
+            pipe.hmget(self.keys.acknowledged(sid), fields)
+        out: dict[str, dict[str, int]] = {}
+        for sid, values in zip(sids, await pipe.execute()):
+            noted = {f: int(v) for f, v in zip(fields, values) if v is not None}
+            if noted:
+                out[sid] = noted
+        return out
 
     async def lower_applied(self, field: str, offset: int) -> bool:
         """Lower the applied mark of `field` to `offset` (a classifier's state went back there)."""
