@@ -35,7 +35,8 @@ class Checkpoint:
        LABEL, GLOBAL_COUNT; see `stratameter.state.scripts`).  If Redis fails, the whole batch
        is staged again (offsets reloaded from Redis) and retried with backoff, never
        skipped.  Only a batch applied in full has its next offset recorded for commit.
-    3. `commit`: note the recorded offsets in Redis as the partitions' applied marks
+    3. `commit`: copy the offsets the states' guards acknowledged service-wide
+       (``Keys.acknowledged``) and note the recorded offsets as the partitions' applied marks
        (``Keys.applied``), then commit them to Kafka (in the background, at most every
        `COMMIT_INTERVAL_S`, and once more when the service stops).
 
