@@ -52,7 +52,7 @@ class StateWatch:
         self.store, self.settings, self.kafka = store, settings, kafka
         self.batches = batches  # the states' acknowledged offsets (`_states_gone_back`); None: not checked
         self.losses = 0  # losses this process saw
-        self.rollbacks = 0  # partitions this process read again from their applied marks
+        self.rollbacks = 0  # partitions this process read again (from their applied marks or a state's offset)
         self._watching = False  # the start's check ran: from now on the settings must stay noted
         self._started: int | None = None  # the ``started_ms`` of the state this process writes to
 
