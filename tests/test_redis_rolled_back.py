@@ -70,6 +70,23 @@ async def _snapshot_of_300_then_500(running, client: Redis) -> None:
     await _counted_and_committed(running, 500)
 
 
+async def _stops_at_the_gap(running) -> None:
+    """100 scores more: the process meets the state gone back and stops with `StateRolledBack`
+    before it commits past the gap."""
+    await _send(running, 500, 100)
+    ended, _ = await asyncio.wait(running.tasks, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    assert ended and all(isinstance(t.exception(), StateRolledBack) for t in ended)
+    assert await _committed(running) == 500  # nothing committed past the gap
+
+
+async def _restart_counts_600(env: dict, kafka_bootstrap: str) -> None:
+    """The restart replays from where the state went back: every score counted once."""
+    async with serving_env(env, kafka_bootstrap) as running:
+        await wait_for(lambda: _all(running, 600), 30, "every score counted once")
+        await asyncio.sleep(1)
+        assert await _counted(running) == (600, 600)
+
+
 async def test_a_start_replays_what_a_rolled_back_redis_lost(kafka_bootstrap, unique_name):
     topics = await service_topics(kafka_bootstrap, unique_name, 2)
     with EmbeddedRedis() as redis:  # no persistence of its own: SAVE writes the snapshot it restarts from
@@ -110,28 +127,24 @@ async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_re
             client = Redis.from_url(redis.url)
             if not marks_went_back:
                 await client.hset(applied, mapping=marks)
-            await _send(running, 500, 100)
-            ended, _ = await asyncio.wait(running.tasks, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-            assert ended and all(isinstance(t.exception(), StateRolledBack) for t in ended)
-            assert await _committed(running) == 500  # nothing committed past the gap
+            await _stops_at_the_gap(running)
         await client.aclose()
-        async with serving_env(env, kafka_bootstrap) as running:
-            await wait_for(lambda: _all(running, 600), 30, "every score counted once")
-            await asyncio.sleep(1)
-            assert await _counted(running) == (600, 600)
+        await _restart_counts_600(env, kafka_bootstrap)
 
 
-async def _global_keys(client: Redis, prefix: str) -> list[tuple[bytes, int, bytes]]:
-    """(name, PTTL, DUMP) of every ``{_global}`` key under `prefix`: what a Redis Cluster node of
-    those keys holds."""
+async def _classifiers_back_to_the_snapshot(redis: EmbeddedRedis, client: Redis, prefix: str) -> Redis:
+    """`redis` restarted from its snapshot (the classifiers' state of 300) with every ``{_global}``
+    key under `prefix` put back as it was: in a Redis Cluster, the classifiers' nodes went back and
+    the node of the marks did not.  Returns a client of the restarted Redis (`client` is closed)."""
     names = [k async for k in client.scan_iter(match=f"{prefix}:{{_global}}:*")]
-    return [(k, await client.pttl(k), await client.dump(k)) for k in names]
-
-
-async def _restore(client: Redis, dumped: list[tuple[bytes, int, bytes]]) -> None:
-    """The `_global_keys` put back as they were: that node did not go back."""
-    for name, ttl, value in dumped:
+    kept = [(k, await client.pttl(k), await client.dump(k)) for k in names]
+    await client.aclose()
+    redis.stop()
+    redis.start()
+    client = Redis.from_url(redis.url)
+    for name, ttl, value in kept:
         await client.restore(name, max(ttl, 0), value, replace=True)
+    return client
 
 
 async def test_a_start_replays_a_classifier_whose_node_went_back_while_the_marks_node_did_not(kafka_bootstrap,
@@ -147,12 +160,7 @@ async def test_a_start_replays_a_classifier_whose_node_went_back_while_the_marks
         client = Redis.from_url(redis.url)
         async with serving_env(env, kafka_bootstrap) as running:
             await _snapshot_of_300_then_500(running, client)
-        kept = await _global_keys(client, env["REDIS_KEY_PREFIX"])
-        await client.aclose()
-        redis.stop()
-        redis.start()  # the classifiers' state of 300
-        client = Redis.from_url(redis.url)
-        await _restore(client, kept)
+        client = await _classifiers_back_to_the_snapshot(redis, client, env["REDIS_KEY_PREFIX"])
         async with serving_env(env, kafka_bootstrap) as running:
             await wait_for(lambda: _all(running, 500), 30, "the 200 the classifiers' nodes lost counted again")
             await asyncio.sleep(1)
@@ -174,21 +182,10 @@ async def test_a_process_that_never_wrote_a_classifier_stops_when_its_node_goes_
             await _snapshot_of_300_then_500(running, client)
         async with serving_env(env, kafka_bootstrap) as running:
             await wait_for(lambda: _assigned(running), 30, "the partitions assigned")
-            kept = await _global_keys(client, env["REDIS_KEY_PREFIX"])
-            await client.aclose()
-            redis.stop()
-            redis.start()  # under the running service: the classifiers' state of 300
-            client = Redis.from_url(redis.url)
-            await _restore(client, kept)
-            await _send(running, 500, 100)
-            ended, _ = await asyncio.wait(running.tasks, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-            assert ended and all(isinstance(t.exception(), StateRolledBack) for t in ended)
-            assert await _committed(running) == 500  # nothing committed past the gap
+            client = await _classifiers_back_to_the_snapshot(redis, client, env["REDIS_KEY_PREFIX"])
+            await _stops_at_the_gap(running)
         await client.aclose()
-        async with serving_env(env, kafka_bootstrap) as running:
-            await wait_for(lambda: _all(running, 600), 30, "every score counted once")
-            await asyncio.sleep(1)
-            assert await _counted(running) == (600, 600)
+        await _restart_counts_600(env, kafka_bootstrap)
 
 
 async def _assigned(running) -> bool:

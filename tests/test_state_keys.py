@@ -272,7 +272,8 @@ async def _exercise(store: Store, settings) -> None:
     assert await store.lower_applied("scores:0", 350)
     assert await store.applied_marks(["scores:0"]) == [350]
     negatives = negatives_of(cid)
-    await store.note_acknowledged({cid: {"scores:0": 400, "labels:0": 3}, negatives: {"scores:0": 390}})  # NOTE_ACKNOWLEDGED
+    # NOTE_ACKNOWLEDGED
+    await store.note_acknowledged({cid: {"scores:0": 400, "labels:0": 3}, negatives: {"scores:0": 390}})
     await store.note_acknowledged({cid: {"scores:0": 300, "labels:0": 5}})  # raised, never lowered
     assert await store.acknowledged_offsets([cid, negatives, "clf-none"], ["scores:0", "labels:0"]) == {
         cid: {"scores:0": 400, "labels:0": 5}, negatives: {"scores:0": 390}}
