@@ -107,12 +107,28 @@ async def test_a_start_replays_what_a_rolled_back_redis_lost(kafka_bootstrap, un
             assert "stratameter_redis_state_rolled_back_total " in metrics.decode()
 
 
-@pytest.mark.parametrize("marks_went_back", [True, False], ids=["one-redis", "marks-on-another-node"])
+@pytest.mark.parametrize("marks_went_back,slow_check", [(True, False), (False, False), (False, True)],
+                         ids=["one-redis", "marks-on-another-node", "slow-assignment-check"])
 async def test_a_running_service_stops_on_a_rolled_back_redis_and_its_restart_replays(kafka_bootstrap, unique_name,
-                                                                                      marks_went_back):
+                                                                                      marks_went_back, slow_check,
+                                                                                      monkeypatch):
     """`marks-on-another-node`: the applied marks kept as they were while the classifiers' state
     went back, as in a Redis Cluster whose ``{_global}`` node did not fail over: the process lowers
-    the partition's mark to where the classifier's state went back before it stops."""
+    the partition's mark to where the classifier's state went back before it stops.
+    `slow-assignment-check`: the check at assignment takes a second (thousands of classifiers, a
+    slow Redis) while aiokafka already hands out the records from the committed offsets; before the
+    partitions were paused meanwhile, the restart applied those first, and the replay of the gap
+    below them then read as replays: 400 of 600 counted, all 600 committed."""
+    if slow_check:
+        from stratameter.app.state_watch import StateWatch
+
+        check = StateWatch._marks_gone_back
+
+        async def slow(self, tps):
+            await asyncio.sleep(1)
+            return await check(self, tps)
+
+        monkeypatch.setattr(StateWatch, "_marks_gone_back", slow)
     topics = await service_topics(kafka_bootstrap, unique_name, 2)
     with EmbeddedRedis() as redis:
         env = service_env(kafka_bootstrap, redis.url, topics, unique_name)
@@ -242,16 +258,30 @@ async def test_service_wide_counts_stop_at_a_state_gone_back(redis_url, unique_n
 
 
 class _Consumer:
-    """What `StateWatch.replay_rolled_back` asks the consumer: committed offsets, and the seeks."""
+    """What `StateWatch.replay_rolled_back` asks the consumer: committed offsets, the seeks, and
+    the partitions paused while it decides."""
 
     def __init__(self, committed: int) -> None:
         self.consumer, self._committed, self.seeks = self, committed, {}
+        self.paused: set = set()
+        self.owned: set = set()
 
     async def committed(self, tp) -> int:
+        assert tp in self.paused  # nothing is handed out before the seek
         return self._committed
 
     def seek(self, tp, offset: int) -> None:
+        assert tp in self.paused
         self.seeks[tp] = offset
+
+    def pause(self, *tps) -> None:
+        self.paused.update(tps)
+
+    def resume(self, *tps) -> None:
+        self.paused.difference_update(tps)
+
+    def assignment(self) -> set:
+        return self.owned
 
 
 async def test_assignment_replays_a_labels_partition_from_the_lowest_state_gone_back(redis_url, unique_name):
@@ -284,8 +314,10 @@ async def test_assignment_replays_a_labels_partition_from_the_lowest_state_gone_
     kafka = _Consumer(committed=0)  # the marks have nothing to replay
     watch = StateWatch(store, settings, kafka, batches)
     labels, scores = TopicPartition(settings.topic_labels, 0), TopicPartition(settings.topic_scores, 0)
+    kafka.owned = {labels, scores}
     await watch.replay_rolled_back([labels, scores])
     assert kafka.seeks == {labels: 10} and watch.rollbacks == 1
+    assert kafka.paused == set()  # resumed once decided
     assert folder.acknowledged.get(("a", 0)) == 20 and ingestor.acknowledged.get(("a", 0)) == 50
     assert folder.acknowledged.get(("b", 0)) == -1  # went back: its replay must not be refused
     assert folder.acknowledged.get(("gone", 0)) == -1

@@ -473,15 +473,18 @@ class Store(Reads, ScriptCalls):
 
     async def acknowledged_offsets(self, sids: list[str], fields: list[str]) -> dict[str, dict[str, int]]:
         """state id -> {field: offset} of the acknowledged offsets noted for `fields` (states with
-        none left out)."""
+        none left out).  Each state's whole hash is read (HGETALL: a state has a field for each
+        partition it was written from, a few, and naming every assigned partition's field in an
+        HMGET made the pipeline slow to pack for thousands of classifiers)."""
         pipe = self.redis.pipeline(transaction=False)
         for sid in sids:
-            pipe.hmget(self.keys.acknowledged(sid), fields)
+            pipe.hgetall(self.keys.acknowledged(sid))
+        wanted = set(fields)
         out: dict[str, dict[str, int]] = {}
-        for sid, values in zip(sids, await pipe.execute()):
-            noted = {f: int(v) for f, v in zip(fields, values) if v is not None}
-            if noted:
-                out[sid] = noted
+        for sid, noted in zip(sids, await pipe.execute()):
+            kept = {f: int(v) for f, v in ((_text(f), v) for f, v in noted.items()) if f in wanted}
+            if kept:
+                out[sid] = kept
         return out
 
     async def lower_applied(self, field: str, offset: int) -> bool:
