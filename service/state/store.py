@@ -65,13 +65,16 @@ class Store(Reads, ScriptCalls):
         return [c for c in owners if now - self._registered.get(c, -REGISTER_EVERY_S) >= REGISTER_EVERY_S]
 
     # ---- ingest -------------------------------------------------------------------------
-    async def scores_offsets(self, cids: list[str], partition: int) -> dict[str, int]:
-        vals = await self._hgets([self.keys.scores_offsets(cid) for cid in cids], str(partition))
-        return {cid: int(v) if v is not None else -1 for cid, v in zip(cids, vals)}
+    async def scores_offsets(self, cids: list[str], partition) -> dict[str, int]:
+        """INGEST's stored offset of each state on `partition` (-1: none)."""
+        return await self._stored_offsets(self.keys.scores_offsets, cids, partition)
 
     async def labels_offsets(self, cids: list[str], partition) -> dict[str, int]:
         """LABEL's stored offset of each state on `partition` (-1: none)."""
-        vals = await self._hgets([self.keys.labels_offsets(cid) for cid in cids], str(partition))
+        return await self._stored_offsets(self.keys.labels_offsets, cids, partition)
+
+    async def _stored_offsets(self, key_of, cids: list[str], partition) -> dict[str, int]:
+        vals = await self._hgets([key_of(cid) for cid in cids], str(partition))
         return {cid: int(v) if v is not None else -1 for cid, v in zip(cids, vals)}
 
     async def chunk_strata(self, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], ChunkCuts | None]:
