@@ -20,7 +20,7 @@ from ..ingest.admission import ClassifierAdmission
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
 from ..labels.folder import LabelFolder
 from ..state.keys import UNKNOWN_LABELS_SCOPE
-from ..state.offsets import check_not_rolled_back
+from ..state.offsets import Acknowledged, check_not_rolled_back
 from ..state.store import Store
 from .deadletters import DeadLetters
 from .failures import redis_outage
@@ -115,6 +115,12 @@ class BatchHandler:
         old partition's offset its records read as replays and were dropped without a word."""
         scores, labels = self.ingestor.store.first_topics or (self.settings.topic_scores, self.settings.topic_labels)
         return tp.partition if tp.topic in (scores, labels) else f"{tp.topic}:{tp.partition}"
+
+    def acknowledged(self, tp: TopicPartition) -> tuple[Acknowledged, int | str]:
+        """The offsets the guards of `tp`'s topic acknowledged (the ingestor's for scores, the label
+        folder's for labels), and the name the states keep `tp`'s offset under (`offset_field`)."""
+        side = self.ingestor.acknowledged if tp.topic == self.settings.topic_scores else self.folder.acknowledged
+        return side, self.offset_field(tp)
 
     async def stage(self, tp: TopicPartition, records: Sequence[KafkaRecord], window: tuple[int, int],
                     retry: bool = False, log_end: int | None = None) -> StagedBatch | None:

@@ -165,11 +165,8 @@ class StateWatch:
         return out
 
     def _side(self, tp: TopicPartition) -> tuple[Acknowledged, int | str, str]:
-        """The acknowledged offsets of `tp`'s topic, the name states keep its offset under, and its
-        field in the service-wide copy."""
-        batches = self.batches
-        side = batches.ingestor.acknowledged if tp.topic == self.settings.topic_scores else batches.folder.acknowledged
-        partition = batches.offset_field(tp)
+        """`BatchHandler.acknowledged` of `tp`, and its field in the service-wide copy."""
+        side, partition = self.batches.acknowledged(tp)
         return side, partition, acknowledged_field(side.kind, partition)
 
     async def _consumed_before(self) -> bool:
