@@ -260,7 +260,7 @@ def test_wilson_one_pure_stratum_is_textbook_wilson(n, all_positive):
     h = n if all_positive else 0
     lo, hi = textbook_wilson(h / n, n, Z95)
     iv = wilson_interval([10**6], [n], [h], 0.95, fpc=False)
-    assert iv.estimate == pytest.approx((lo + hi) / 2, abs=1e-12)  # the interval's centre
+    assert iv.estimate == iv.estimate_at_stop == h / n  # the labels' proportion, not the interval's centre
     assert iv.lower == pytest.approx(lo, abs=1e-12)
     assert iv.upper == pytest.approx(hi, abs=1e-12)
     # by hand for 20/20: lower = 1 / (1 + z^2/20) = 20 / (20 + z^2)
@@ -277,16 +277,45 @@ def test_wilson_several_pure_strata_use_the_total_label_count():
 @pytest.mark.parametrize("N, n, h", [(N2, n2, h2), ([50], [30], [21]), ([7, 90, 400], [3, 12, 9], [1, 7, 8])])
 def test_wilson_is_wilson_at_the_effective_sample_size(N, n, h):
     # Whatever the variance guards, the documented form is Wilson's interval
-    # around the bias-corrected estimate p with n replaced by
-    # n_eff = p(1-p)/v, v = STOPPING_VARIANCE_MARGIN * stderr^2; the estimate
-    # reported is the interval's centre.
+    # around the bias-corrected estimate p (both terms: the estimate at the
+    # stop) with n replaced by n_eff = p(1-p)/v, v = STOPPING_VARIANCE_MARGIN *
+    # stderr^2; the estimate reported at any moment has the allocation's term alone.
     iv = wilson_interval(N, n, h, 0.95, fpc=False)
     p = float(adaptive_bias_corrected(N, n, h, var=iv.stderr**2))
     n_eff = p * (1 - p) / (STOPPING_VARIANCE_MARGIN * float(iv.stderr) ** 2)
     lo, hi = textbook_wilson(p, n_eff, Z95)
     assert iv.lower == pytest.approx(lo, abs=1e-12)
     assert iv.upper == pytest.approx(hi, abs=1e-12)
-    assert float(iv.estimate) == pytest.approx((lo + hi) / 2, abs=1e-12)
+    assert float(iv.estimate_at_stop) == pytest.approx(p, abs=1e-12)
+    now = float(adaptive_bias_corrected(N, n, h, var=iv.stderr**2, stop=False))
+    assert float(iv.estimate) == pytest.approx(now, abs=1e-12)
+
+
+def test_reported_estimate_hand_case():
+    # N = (100, 300), n = (10, 20), h = (5, 18): W = (1/4, 3/4), p = (1/2, 9/10).
+    # Stratum 1: pbar = 5.5/11 = 1/2, so g = (1 - 2 pbar) / (2 pbar (1 - pbar)) = 0: no shift.
+    # Stratum 2: pbar = 18.5/21, g = (1 - 37/21) / (2 (18.5/21)(2.5/21)) = -16/21 * 441/92.5,
+    # the allocation's shift g n/(n+1) p(1-p)/n = g * 20/21 * 0.0045.
+    g2 = (1 - 37 / 21) / (2 * (18.5 / 21) * (2.5 / 21))
+    now = 0.25 * 0.5 + 0.75 * (0.9 + g2 * 20 / 21 * 0.0045)
+    assert now == pytest.approx(0.788325, abs=1e-6)
+    iv = wilson_interval(N2, n2, h2, 0.95, fpc=False)
+    assert float(iv.estimate) == pytest.approx(now, rel=1e-12)
+    # at the stop, the stopping rule's term too: W_k^2 (1 - 2 pbar_k) / (n_k v) of p(1-p)/n
+    v = float(iv.stderr) ** 2
+    stop = 0.75 * (0.9 + (g2 * 20 / 21 + 0.75**2 * (1 - 37 / 21) / (20 * v)) * 0.0045) + 0.125
+    assert float(iv.estimate_at_stop) == pytest.approx(stop, rel=1e-12)
+    # and neither is the interval's centre, shrunk toward 1/2
+    assert (iv.lower + iv.upper) / 2 < iv.estimate_at_stop < iv.estimate
+
+
+def test_wilson_not_adaptive_is_around_the_plain_estimate():
+    # simple random sampling at a fixed n: no adaptive term, the plain proportion reported
+    iv = wilson_interval([10**6], [100], [97], 0.95, fpc=False, adaptive=False)
+    assert float(iv.estimate) == float(iv.estimate_at_stop) == 0.97
+    var = 100 / 99 * (97.5 / 101) * (3.5 / 101) / 100  # the half-label guard
+    lo, hi = textbook_wilson(0.97, 0.97 * 0.03 / (STOPPING_VARIANCE_MARGIN * var), Z95)
+    assert (float(iv.lower), float(iv.upper)) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))
 
 
 def test_wilson_nan_bounds_without_two_labels_per_stratum():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from stratameter.cli import main
+from stratameter.simulate import budget
 from stratameter.simulate.populations import BUILTIN, builtin, load
 
 # ---------------------------------------------------------------- populations.load
@@ -149,6 +150,7 @@ def test_simulate_json_document(capsys):
         100 * (methods[1]["labels_mean"] / methods[0]["labels_mean"] - 1))
     # random sampling stops near z^2 p(1-p)/delta^2 labels
     srs = 1.959964**2 * pop.truth * (1 - pop.truth) / 0.05**2
+    assert doc["srs_normal_labels"] == pytest.approx(srs, rel=1e-6)  # the closed form beside random's
     assert 0.5 * srs < methods[0]["labels_mean"] < 2.5 * srs
 
 
@@ -160,18 +162,39 @@ def test_simulate_is_reproducible_for_a_seed(capsys):
 def test_simulate_budget_mode(capsys):
     # (perc strata: every stratum gets labels within 40; equal-width strata can
     # hold 1% of the items and stay unlabelled, see the null test below)
-    doc = run_json(capsys, "--runs", "30", "--budget", "40", "--methods", "opt,pps,uni",
+    doc = run_json(capsys, "--runs", "30", "--budget", "80,40", "--methods", "opt,pps,uni",
                    "--stratifications", "perc,cum_sqrt_f", "--workers", "1")
-    assert doc["budget"] == 40
-    rows = doc["methods"]
-    assert [(r["method"], r["stratification"]) for r in rows] == [
-        ("random", "none"), ("opt", "perc"), ("opt", "cum_sqrt_f"), ("pps", "perc"), ("pps", "cum_sqrt_f"),
-        ("uni", "perc"), ("uni", "cum_sqrt_f")]
-    for r in rows:
-        assert r["budget"] == 40 and r["mse"] > 0 and 0 <= r["ci_coverage"] <= 1
-        assert r["mse_ratio_vs_random"] == pytest.approx(r["mse"] / rows[0]["mse"])
-        assert r["mean_abs_error"] <= math.sqrt(r["mse"]) + 1e-12
-    assert rows[0]["mse_ratio_vs_random"] == 1.0
+    assert doc["budget"] == [40, 80]
+    designs = [("random", "none"), ("opt", "perc"), ("opt", "cum_sqrt_f"), ("pps", "perc"), ("pps", "cum_sqrt_f"),
+               ("uni", "perc"), ("uni", "cum_sqrt_f")]
+    for budget, rows in ((40, doc["methods"][:7]), (80, doc["methods"][7:])):
+        assert [(r["method"], r["stratification"]) for r in rows] == designs
+        for r in rows:
+            assert r["budget"] == budget and r["mse"] > 0 and 0 <= r["ci_coverage"] <= 1
+            assert r["mse_ratio_vs_random"] == pytest.approx(r["mse"] / rows[0]["mse"])
+            assert r["mean_abs_error"] <= math.sqrt(r["mse"]) + 1e-12
+            p = doc["truth"]  # the closed form of simple random sampling, with its ratio
+            assert r["srs_variance"] == pytest.approx(p * (1 - p) / budget)
+            assert r["mse_ratio_vs_srs"] == pytest.approx(r["mse"] / r["srs_variance"])
+            assert r["mse_ratio_vs_srs_se"] > 0 and r["bias_se"] > 0 and r["ci_coverage_se"] >= 0
+            assert 0 < r["mean_width"] <= 1
+        assert rows[0]["mse_ratio_vs_random"] == 1.0
+
+
+def test_budget_figures_hand_case():
+    # three runs, truth 0.5: errors -0.1, 0, +0.2 (one interval misses)
+    f = budget.figures([0.4, 0.5, 0.7], [0.3, 0.4, 0.6], [0.6, 0.6, 0.8], 0.5, budget.srs_variance(0.5, 25))
+    assert f["srs_variance"] == pytest.approx(0.01)
+    assert f["mse"] == pytest.approx(0.05 / 3) and f["mse_ratio_vs_srs"] == pytest.approx(5 / 3)
+    sq = np.array([0.01, 0.0, 0.04])
+    assert f["mse_ratio_vs_srs_se"] == pytest.approx(sq.std(ddof=1) / math.sqrt(3) / 0.01)
+    assert f["bias"] == pytest.approx(0.1 / 3) and f["coverage"] == pytest.approx(2 / 3)
+    assert f["mean_width"] == pytest.approx(0.7 / 3)
+    # without replacement: (N - n) / (N - 1)
+    assert budget.srs_variance(0.2, 10, 101) == pytest.approx(0.016 * 91 / 100)
+    assert budget.parse_budgets("400, 100,100") == [100, 400]
+    with pytest.raises(ValueError, match="--budget"):
+        budget.parse_budgets("100,x")
 
 
 def test_simulate_budget_too_small_for_the_strata_gives_null_not_nan(capsys):

@@ -99,6 +99,15 @@ def _draw(alloc, n, h, st: StrataTruth, rng, with_replacement: bool) -> np.ndarr
     return rng.hypergeometric(good, bad, alloc)
 
 
+def reported(iv: estimator.Interval, design: Design, N, n, h, stopped) -> np.ndarray:
+    """The estimate a run reports: for `random`, the plain sample proportion of its simple random
+    sample (the honest baseline); for a stratified design, `estimator.Interval.estimate`, with the
+    stopping rule's term where the run `stopped` by the rule (`Interval.reading`)."""
+    if design.method == "random":
+        return estimator.stratified_estimate(N, n, h)
+    return iv.reading(stopped)
+
+
 @dataclass
 class StopResult:
     """Per run: labels used, the estimate and interval when it stopped."""
@@ -145,7 +154,7 @@ def run_until_stop(st: StrataTruth, design: Design, protocol: Protocol, runs: in
         if finish.any():
             idx = active[finish]
             out.labels[idx] = na[finish].sum(axis=1)
-            out.estimate[idx] = iv.estimate[finish]
+            out.estimate[idx] = reported(iv, design, st.N, na, ha, done)[finish]
             out.lower[idx], out.upper[idx] = iv.lower[finish], iv.upper[finish]
             out.stopped[idx] = done[finish]
             active = active[~finish]
@@ -199,7 +208,10 @@ def run_budget(st: StrataTruth, design: Design, budgets, runs: int, seed, confid
         if not alloc.any():
             used = int(budgets[-1])  # exhausted: nothing more to label
         while b < budgets.size and used >= budgets[b]:
-            iv = estimator.interval(st.N, n, h, confidence, design.interval, fpc=not with_replacement)
-            res.estimate[b], res.lower[b], res.upper[b] = iv.estimate, iv.lower, iv.upper
+            if design.method == "random" and design.interval == "wilson":  # n fixed in advance: no adaptive term
+                iv = estimator.wilson_interval(st.N, n, h, confidence, not with_replacement, adaptive=False)
+            else:
+                iv = estimator.interval(st.N, n, h, confidence, design.interval, fpc=not with_replacement)
+            res.estimate[b], res.lower[b], res.upper[b] = reported(iv, design, st.N, n, h, False), iv.lower, iv.upper
             b += 1
     return res

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from .arrivals import SCENARIOS
+from .budget import parse_budgets
 
 STATIC_DELTA = 0.01
 STREAM_DELTA = 0.02  # the service's DELTA
@@ -47,7 +48,8 @@ def check_common(args) -> None:
         raise ValueError("--alpha must be in (0, 1)")
     if args.strata < 1:
         raise ValueError("--strata must be >= 1")
-    if args.budget is not None and args.budget < 2:
+    args.budgets = parse_budgets(args.budget)
+    if args.budgets is not None and args.budgets[0] < 2:
         raise ValueError("--budget must be >= 2")
 
 

@@ -1,26 +1,26 @@
 """The label-efficiency study behind `stratameter simulate`.
 
 For each design (allocation x stratification) it runs Bennett & Carvalho's
-protocol R times and summarises: mean labels at stop (+- s.e.), InConf (share
-of runs whose estimate is within delta of the truth), %Change vs random and
-%Oracle (both as in Bennett & Carvalho 2010, Table 1: percent change of the
-label count relative to random sampling and to the closed-form Neyman bound
-of the design's own binning), and %Jeffreys: the percent change relative to
-`stats.oracle.jeffreys_oracle_labels`, the fewest labels any allocation needs
-for the default interval's half-label-smoothed variance to reach the target
-(the floor of an honest interval where strata are nearly pure).  With a
-budget it reports Kumar & Raj's mean squared error ratio at a fixed label
-count instead.
+protocol R times and summarises: mean labels at stop (+- s.e.), the interval's
+coverage of the truth (the honesty figure), InConf (share of runs whose
+estimate is within delta of the truth; kept for continuity, not a bar),
+%Change vs random and %Oracle (both as in Bennett & Carvalho 2010, Table 1:
+percent change of the label count relative to random sampling and to the
+closed-form Neyman bound of the design's own binning), and %Jeffreys: the
+percent change relative to `stats.oracle.jeffreys_oracle_labels`, the fewest
+labels any allocation needs for the default interval's half-label-smoothed
+variance to reach the target (the floor of an honest interval where strata
+are nearly pure).  Beside `random`'s labels at stop, the closed form of
+simple random sampling with a normal interval (`srs_normal_labels`).
 
-Budget mode and strata without labels: the stratified estimator has no value
-while a non-empty stratum has no label (`estimator.stratified_estimate` is
-NaN), which happens at small budgets (e.g. equal-width strata holding 1 % of
-the items, or ``opt_a2``'s starved strata).  Such a run is not dropped
-silently: ``no_estimate`` is the share of runs with no estimate at the
-budget; ``mse``, ``mean_abs_error`` and ``ci_coverage`` are over the runs
-that have one; and ``mse_ratio_vs_random`` is reported only when both the
-design and random sampling have an estimate in every run (otherwise it
-would compare MSEs over differently selected runs) and is null otherwise.
+``random`` is the honest baseline: simple random sampling with the plain
+sample proportion as its estimate (`engine.reported`), stopped by the same
+interval family and rule as the other designs so its labels at stop compare.
+
+With budgets (`--budget 100,200,400`) it reports, per budget, Kumar & Raj's
+mean squared error at a fixed label count as a ratio to ``p (1 - p) / n`` and
+to random's, with bias, coverage and width, each with its standard error
+(`budget`), runs without an estimate counted there and not dropped.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from typing import Callable
 import numpy as np
 
 from ..stats.allocation import ALLOCATIONS, DEFAULT_ALLOCATION
+from ..stats.estimator import z_value
 from ..stats.strata import STRATIFICATIONS
+from . import budget
 from .engine import Design, Protocol, prepare, run_budget, run_until_stop
 from .parallel import map_in_processes
 from .populations import Population
@@ -57,25 +59,13 @@ class DesignSummary:
 
 
 @dataclass
-class BudgetSummary:
-    method: str
-    stratification: str
-    budget: int
-    mse: float  # over the runs with an estimate (NaN if none)
-    mse_ratio_vs_random: float | None  # None unless both designs have an estimate in every run
-    ci_coverage: float  # over the runs with an interval
-    mean_abs_error: float
-    no_estimate: float = 0.0  # share of runs with no estimate at the budget
-
-
-@dataclass
 class StudyRequest:
     population: Population
     designs: list[Design]
     protocol: Protocol
     runs: int
     seed: int
-    budget: int | None = None
+    budgets: list[int] | None = None  # fixed label counts (`--budget`); None: the stopping mode
     curve: list[int] = field(default_factory=list)  # label counts for the error-vs-labels plot
 
 
@@ -104,7 +94,7 @@ def _one_design(args) -> tuple[int, dict]:
     fpc = not req.protocol.with_replacement
     result: dict = {"oracle": st.oracle_labels(req.protocol.delta, req.protocol.confidence, fpc)}
     truth = req.population.truth
-    if req.budget is None:
+    if req.budgets is None:
         result["jeffreys_oracle"] = st.jeffreys_oracle_labels(req.protocol.delta, req.protocol.confidence, fpc)
         r = run_until_stop(st, design, req.protocol, req.runs, seed)
         result["labels"] = r.labels
@@ -112,16 +102,12 @@ def _one_design(args) -> tuple[int, dict]:
         result["coverage"] = float(np.mean((r.lower <= truth) & (truth <= r.upper)))
         result["stopped"] = float(np.mean(r.stopped))
     else:
-        b = run_budget(st, design, [req.budget], req.runs, seed, req.protocol.confidence,
+        b = run_budget(st, design, req.budgets, req.runs, seed, req.protocol.confidence,
                        req.protocol.with_replacement, req.protocol.labels_per_stratum)
-        err = b.estimate[0] - truth
-        has = np.isfinite(err)
-        has_iv = np.isfinite(b.lower[0]) & np.isfinite(b.upper[0])
-        result["no_estimate"] = float(1.0 - has.mean())
-        result["mse"] = float(np.mean(err[has] ** 2)) if has.any() else math.nan
-        result["mae"] = float(np.mean(np.abs(err[has]))) if has.any() else math.nan
-        covered = (b.lower[0] <= truth) & (truth <= b.upper[0])
-        result["coverage"] = float(np.mean(covered[has_iv])) if has_iv.any() else math.nan
+        size = None if req.protocol.with_replacement else req.population.size
+        result["budgets"] = [budget.figures(b.estimate[i], b.lower[i], b.upper[i], truth,
+                                            budget.srs_variance(truth, int(n), size))
+                             for i, n in enumerate(b.budgets)]
     if req.curve:
         c = run_budget(st, design, req.curve, min(req.runs, 500), np.random.SeedSequence([req.seed, index, 1]),
                        req.protocol.confidence, req.protocol.with_replacement, req.protocol.labels_per_stratum)
@@ -175,20 +161,19 @@ def pct_text(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}"
 
 
-def summarise_budget(req: StudyRequest, results: list[dict]) -> list[BudgetSummary]:
-    """One row per design; the MSE ratio only where both it and random have an
-    estimate in every run (see the module docstring)."""
-    rows = []
-    base, base_missing = results[0]["mse"], results[0]["no_estimate"]
-    for d, r in zip(req.designs, results):
-        comparable = r["no_estimate"] == 0 and base_missing == 0 and base > 0
-        rows.append(BudgetSummary(
-            method=d.method, stratification="none" if d.method == "random" else d.stratification,
-            budget=int(req.budget or 0), mse=r["mse"],
-            mse_ratio_vs_random=r["mse"] / base if comparable else None,
-            ci_coverage=r["coverage"], mean_abs_error=r["mae"], no_estimate=r["no_estimate"],
-        ))
-    return rows
+def summarise_budget(req: StudyRequest, results: list[dict]) -> list[budget.BudgetSummary]:
+    """Per budget, one row per design (`budget.summaries`)."""
+    return budget.summaries(req.designs, results, req.budgets)
+
+
+def srs_normal_labels(p: float, delta: float, confidence: float, population: int | None = None) -> float:
+    """Labels simple random sampling needs for a normal interval of half-width `delta` around a
+    proportion `p`: ``n0 = z^2 p (1 - p) / delta^2``, or without replacement from `population`
+    items ``n0 / (1 + (n0 - 1) / N)`` (Cochran 1977, Eq. 4.1-4.2): the closed form beside
+    `random`'s labels at stop."""
+    z = z_value(confidence)
+    n0 = z * z * p * (1.0 - p) / (delta * delta)
+    return n0 / (1.0 + (n0 - 1.0) / population) if population else n0
 
 
 def as_json(req: StudyRequest, rows: list) -> dict:
@@ -207,7 +192,9 @@ def as_json(req: StudyRequest, rows: list) -> dict:
         "alpha": round(1.0 - req.protocol.confidence, 10),
         "runs": req.runs,
         "strata": default.strata if not req.designs else max(d.strata for d in req.designs),
-        "budget": req.budget,
+        "srs_normal_labels": srs_normal_labels(req.population.truth, req.protocol.delta, req.protocol.confidence,
+                                               None if req.protocol.with_replacement else req.population.size),
+        "budget": req.budgets,
         "methods": [{k: _json_number(v) for k, v in asdict(r).items()} for r in rows],
     }
 

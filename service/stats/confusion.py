@@ -194,7 +194,9 @@ def ratio_interval(metric: str, N, n, h, positive, confidence: float = 0.95, fpc
     * the plug-in takes each stratum's proportion with the first-order bias
       of adaptive allocation and stopping removed (`estimator.adaptive_shift`
       with the squared gradient as the stratum's weight in ``v``);
-    * the reported estimate is the interval's centre.
+    * the interval is the score interval around that plug-in; the reported estimate is the
+      plug-in itself, not the interval's centre, with the stopping rule's term only for a
+      reading at the stop (`estimator.Interval`).
     NaN bounds where a non-empty stratum has fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
@@ -218,18 +220,22 @@ def moments_ratio_interval(metric: str, N, moments: StratumMoments, events, posi
     with np.errstate(invalid="ignore"):  # 0 x inf where a stratum with no weight has < 2 labels: dropped
         var = np.sum(np.where(g != 0.0, g * g * moments.variances(N, fpc), 0.0), axis=-1)
     se = np.sqrt(var)
-    shift = shift_of_means(N, n, p_smooth, moments.spread, g * g, var, fpc)
-    shift = np.where(np.minimum(events, n - events) >= SHIFT_MIN_EVENTS, shift, 0.0)
-    p_hat = np.clip(moments.mean + shift, 0.0, 1.0)
     missing = ((n == 0) & (N > 0)).any(axis=-1)  # as `plug_in`: NaN where the plain estimate is
     plain = value(metric, N, np.clip(moments.mean, 0.0, 1.0), positive)
-    est = np.where(missing | ~np.isfinite(plain), np.nan, value(metric, N, p_hat, positive))
+    shifts = np.minimum(events, n - events) >= SHIFT_MIN_EVENTS
+
+    def corrected(stop: bool) -> np.ndarray:
+        shift = np.where(shifts, shift_of_means(N, n, p_smooth, moments.spread, g * g, var, fpc, stop), 0.0)
+        return np.where(missing | ~np.isfinite(plain), np.nan,
+                        value(metric, N, np.clip(moments.mean + shift, 0.0, 1.0), positive))
+
+    est, now = corrected(True), corrected(False)
     m_smooth = value(metric, N, p_smooth, positive)
     with np.errstate(divide="ignore", invalid="ignore"):
         n_eff = np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN)
     n_eff = np.minimum(n_eff, n.sum(axis=-1))
     p = np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0)
-    return wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se)
+    return wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se, now)
 
 
 def correct_counts(n, h, positive) -> np.ndarray:

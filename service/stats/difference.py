@@ -213,7 +213,7 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     """`estimator.wilson_interval` for the stratified mean of pseudo-outcomes `z` (one per label,
     in `stratum`): the same half-label guard (half a label of each class, ``z`` = 1 and 0, in
     each stratum's spread), adaptive-bias correction, stopping margin, design-effect ``n_eff``
-    and Wilson centre.  With ``z = y`` it is `wilson_interval` on the counts."""
+    and reported estimate (`estimator.Interval`).  With ``z = y`` it is `wilson_interval` on the counts."""
     N = np.asarray(N, dtype=float)
     k = N.shape[-1]
     m = StratumMoments.of_outcomes(k, stratum, z)
@@ -222,9 +222,11 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     var = np.sum(np.where(W > 0, W**2 * m.variances(N, fpc), 0.0))
     missing = ((m.n == 0) & (W > 0)).any()
     pbar = np.clip(m.guarded_mean, 1e-9, 1.0 - 1e-9)
-    shifted = np.clip(m.mean + shift_of_means(N, m.n, pbar, m.spread, W**2, var, fpc), 0.0, 1.0)
-    est = np.nan if missing else np.sum(W * shifted)
-    return wilson_design_effect(np.asarray(est, dtype=float), var, m.n.sum(), z_value(confidence))
+    def corrected(stop: bool) -> np.ndarray:
+        shifted = np.clip(m.mean + shift_of_means(N, m.n, pbar, m.spread, W**2, var, fpc, stop), 0.0, 1.0)
+        return np.asarray(np.nan if missing else np.sum(W * shifted), dtype=float)
+
+    return wilson_design_effect(corrected(True), var, m.n.sum(), z_value(confidence), corrected(False))
 
 
 def metric_interval(metric: str, N, positive, stratum, z, y, confidence: float = 0.95, fpc: bool = True) -> Interval:

@@ -236,8 +236,8 @@ def chunk_interval(N, n, h, confidence: float, closed, target=None) -> Interval:
         return one(bool(closed))
     with_fpc, without = one(True), one(False)
     pick = lambda a, b: np.where(closed, a, b)  # noqa: E731
-    return Interval(pick(with_fpc.estimate, without.estimate), pick(with_fpc.lower, without.lower),
-                    pick(with_fpc.upper, without.upper), pick(with_fpc.stderr, without.stderr))
+    return Interval(*(pick(getattr(with_fpc, f), getattr(without, f))
+                      for f in ("estimate", "lower", "upper", "stderr", "estimate_at_stop")))
 
 
 def budget_allowance(max_per_hour: int, seconds_into_hour) -> np.ndarray:
