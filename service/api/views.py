@@ -16,6 +16,7 @@ from ..state.store import ChunkState, Store
 from ..stats import confusion, streams
 from ..stats.confusion import needs_negatives
 from ..stats.difference import Calibrated
+from ..stats.estimator import Interval
 
 
 def _iso(seconds: float) -> str:
@@ -57,19 +58,24 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]
     columns = _columns(sides)
-    metrics = _metrics(columns, metric_names, cfg.confidence, closed)
-    active = {m: _interval_doc(c.interval) for m, c in (calibration or {}).items() if c.active}
-    metrics.update({m: doc for m, doc in active.items() if m in metrics})
+    intervals = _metrics(columns, metric_names, cfg.confidence, closed)
+    active = {m: c.interval for m, c in (calibration or {}).items() if c.active}
+    intervals.update({m: iv for m, iv in active.items() if m in intervals})
     if negatives_complete is False or not complete:
-        metrics.update({m: dict(NO_INTERVAL) for m in metrics if needs_negatives([m]) or not complete})
+        intervals.update({m: None for m in intervals if needs_negatives([m]) or not complete})
     if not complete:
-        top = NO_INTERVAL
+        top = None
     elif "precision" in active:
         top = active["precision"]
-    elif "precision" in metrics:  # the same interval (tests/test_confusion.py): not computed twice
-        top = metrics["precision"]
+    elif "precision" in intervals:  # the same interval (tests/test_confusion.py): not computed twice
+        top = intervals["precision"]
     else:
         top = _metrics(_columns([(cs, 0, "positive")]), ["precision"], cfg.confidence, closed)["precision"]
+    status = _status(cs if cs.N.sum() else negatives, _populated(
+        {m: _interval_doc(iv) for m, iv in intervals.items()}, columns), cfg.delta, closed)
+    # a converged chunk is read where the stopping rule stopped: its estimate carries the rule's term
+    metrics = {m: _interval_doc(iv, status == "converged") for m, iv in intervals.items()}
+    top = _interval_doc(top, status == "converged")
     return {
         "chunk": {"start": _iso(cs.chunk * chunk_seconds), "end": _iso((cs.chunk + 1) * chunk_seconds)},
         "estimate": top["estimate"],
@@ -80,7 +86,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "labels": sum(int(side.n.sum()) for side, _, _ in sides),
         "population": sum(int(side.N.sum()) for side, _, _ in sides),
         "rounds": max(side.round for side, _, _ in sides),
-        "status": _status(cs if cs.N.sum() else negatives, _populated(metrics, columns), cfg.delta, closed),
+        "status": status,
         "closed": closed,
         "negatives_complete": negatives_complete,
         "complete": complete,
@@ -111,23 +117,26 @@ def _columns(sides: list) -> tuple[np.ndarray, ...]:
     return N, n, h, np.concatenate([np.full(side.strata, name == "positive") for side, _, name in sides])
 
 
-def _metrics(columns: tuple, names: list[str], confidence: float, closed: bool) -> dict:
-    """``{metric: {estimate, ci_lower, ci_upper, stderr}}`` over the strata's `columns` (`_columns`):
-    nulls until every non-empty stratum has two labels, and for a metric with no population
-    (precision with no predicted positive)."""
+def _metrics(columns: tuple, names: list[str], confidence: float, closed: bool) -> dict[str, Interval]:
+    """``{metric: Interval}`` over the strata's `columns` (`_columns`): NaN until every non-empty
+    stratum has two labels, and for a metric with no population (precision with no predicted
+    positive)."""
     N, n, h, positive = columns
-    return {m: _interval_doc(confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed))
-            for m in names}
+    return {m: confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed) for m in names}
 
 
 #: A metric's document while it has no interval.
 NO_INTERVAL = {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None}
 
 
-def _interval_doc(iv) -> dict:
-    """``{estimate, ci_lower, ci_upper, stderr}``, all null unless the interval is finite."""
+def _interval_doc(iv: Interval | None, stopped: bool = False) -> dict:
+    """``{estimate, ci_lower, ci_upper, stderr}``, all null unless the interval is finite (or
+    `iv` is None); the estimate at the stop where `stopped` (`Interval.estimate_at_stop`)."""
+    if iv is None:
+        return dict(NO_INTERVAL)
     ok = np.isfinite(iv.lower) and np.isfinite(iv.upper)
-    return {"estimate": _num(iv.estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
+    estimate = iv.estimate_at_stop if stopped else iv.estimate
+    return {"estimate": _num(estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
             "ci_upper": _num(iv.upper) if ok else None, "stderr": _num(iv.stderr) if ok else None}
 
 

@@ -138,7 +138,8 @@ def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray
                 reported, active = streams.chunk_interval(chunk.N, n, h, confidence, closed, target), False
             streak = int(stopping.next_streak(streak, float(reported.halfwidth), delta))
             if streak >= STOP_ROUNDS:
-                return Stop(int(n.sum()), float(reported.estimate), bool(reported.lower <= chunk.truth <= reported.upper),
+                return Stop(int(n.sum()), float(reported.estimate_at_stop),
+                            bool(reported.lower <= chunk.truth <= reported.upper),
                             active)
         _, want = streams.plan_requests(chunk.N, n, h, chunk.prior, np.zeros(K), chunk.N, False, True, False,
                                         delta, confidence, round_labels, closed=closed, target=target,

@@ -186,9 +186,49 @@ def run_whole_until_stop(st: WholeTruth, design: WholeDesign, metrics, protocol:
             idx = active[finish]
             out.labels[idx] = na[finish].sum(axis=1)
             for m, iv in ivs.items():
-                out.estimate[m][idx] = iv.estimate[finish]
+                out.estimate[m][idx] = reported(m, iv, design, st, na, ha, done)[finish]
                 out.lower[m][idx], out.upper[m][idx] = iv.lower[finish], iv.upper[finish]
             out.stopped[idx] = done[finish]
             active = active[~finish]
         r += 1
+    return out
+
+
+def reported(metric: str, iv, design: WholeDesign, st: WholeTruth, n, h, stopped) -> np.ndarray:
+    """The estimate a run reports (as `engine.reported`): random's plain plug-in, a stratified
+    design's `Interval.estimate`, with the stopping rule's term where it `stopped` by the rule."""
+    if design.method == "random":
+        return confusion.plug_in(metric, st.N, n, h, st.positive)
+    return iv.reading(stopped)
+
+
+def run_whole_budget(st: WholeTruth, design: WholeDesign, metrics, budgets, runs: int, seed,
+                     confidence: float = 0.95, labels_per_stratum: int = 2) -> WholeResult:
+    """R runs of the loop with no stopping rule (with replacement), observed at each of `budgets`
+    (sorted): the last round before a budget is cut so that every run has exactly its labels, as
+    `engine.run_budget`.  The result's arrays are (budgets, runs); ``labels`` holds the budgets."""
+    rng = np.random.default_rng(seed)
+    k = st.N.size
+    n = np.zeros((runs, k), dtype=np.int64)
+    h = np.zeros((runs, k), dtype=np.int64)
+    shape = (len(budgets), runs)
+    out = WholeResult(np.asarray(budgets, dtype=float), *({m: np.full(shape, np.nan) for m in metrics}
+                                                          for _ in range(3)), np.zeros(runs, bool))
+    var = [np.full(runs, np.inf) for _ in metrics]
+    used, r = 0, 0
+    for b, budget in enumerate(budgets):
+        while used < budget:
+            D = max(allocation.round_size(k, labels_per_stratum), int(ROUND_GROWTH * used))
+            D = int(min(D, budget - used))
+            scale = confusion.allocation_scale(metrics, st.N, n, h, st.positive, var)
+            alloc = allocation.allocate(design.method, N=st.N, n=n, h=h, q=st.q, D=D, round_index=r, rng=rng,
+                                        scale=scale)
+            h += _draw(alloc, n, h, st, rng, True)
+            n += alloc
+            used, r = used + D, r + 1
+            ivs = {m: confusion.metric_interval(m, st.N, n, h, st.positive, confidence, False) for m in metrics}
+            var = [ivs[m].stderr ** 2 for m in metrics]
+        for m, iv in ivs.items():
+            out.estimate[m][b] = reported(m, iv, design, st, n, h, False)
+            out.lower[m][b], out.upper[m][b] = iv.lower, iv.upper
     return out

@@ -7,7 +7,7 @@ import sys
 
 from ..stats.allocation import ALLOCATIONS
 from ..stats.strata import STRATIFICATIONS
-from . import stream_command
+from . import budget, stream_command
 from .engine import Protocol
 from .options import STREAM_ONLY, check_common, check_stream, parse_list
 from .whole_populations import WHOLE_BUILTIN, whole_builtin, whole_from_file
@@ -16,7 +16,7 @@ from .whole_study import WholeStudyRequest, run_whole_study, summarise_whole, wh
 
 DEFAULT_POPULATION = "moderation"
 #: Options of the precision study that do not apply to the whole stream.
-PRECISION_ONLY = (("--budget", "budget"), ("--plot", "plot"), ("--without-replacement", "without_replacement"))
+PRECISION_ONLY = (("--plot", "plot"), ("--without-replacement", "without_replacement"))
 
 
 def _population(args):
@@ -70,7 +70,7 @@ def _request(args) -> WholeStudyRequest:
                             parse_list(args.negative_stratifications, STRATIFICATIONS, "--negative-stratifications"),
                             args.strata, args.negative_strata, args.margin_strata)
     protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha)
-    return WholeStudyRequest(pop, args.metric, designs, protocol, args.runs, args.seed)
+    return WholeStudyRequest(pop, args.metric, designs, protocol, args.runs, args.seed, args.budgets)
 
 
 def main(args) -> int:
@@ -92,7 +92,7 @@ def main(args) -> int:
     if args.stream:
         return stream_command.main(args, pop)
     results = run_whole_study(req, workers=args.workers)
-    rows = summarise_whole(req, results)
+    rows = summarise_whole(req, results) if req.budgets is None else budget.summaries(req.designs, results, req.budgets)
     if args.json:
         print(json.dumps(whole_json(req, rows)))
     else:
@@ -110,11 +110,14 @@ def _print_table(req: WholeStudyRequest, rows) -> None:
              f"{req.metric} {pop.truth(req.metric):.4f}; delta={req.protocol.delta}, "
              f"alpha={1 - req.protocol.confidence:.2g}, runs={req.runs}")
     t = Table(title=title)
-    for col in ("method", "strata (pos+neg)", "labels +- se", "InConf", "cover", "%Change", "%Oracle"):
-        t.add_column(col, justify="left" if col.startswith(("method", "strata")) else "right", no_wrap=True)
-    for r in rows:
-        t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}", f"{r.in_conf:.3f}",
-                  f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}", pct_text(r.pct_oracle))
+    if req.budgets is not None:
+        budget.budget_table(t, rows)
+    else:
+        for col in ("method", "strata (pos+neg)", "labels +- se", "cover", "InConf", "%Change", "%Oracle"):
+            t.add_column(col, justify="left" if col.startswith(("method", "strata")) else "right", no_wrap=True)
+        for r in rows:
+            t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}", f"{r.ci_coverage:.3f}",
+                      f"{r.in_conf:.3f}", f"{r.change_vs_random:+.1f}", pct_text(r.pct_oracle))
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)

@@ -63,6 +63,26 @@ class WholeStream:
             p = np.where(N > 0, G / np.maximum(N, 1.0), 0.0)
         return float(value(metric, N, p, np.array([True, False])))
 
+    def srs_variance(self, metric: str, n: int) -> float:
+        """The variance of `metric`'s plain estimate from a simple random sample of `n` items (with
+        replacement), to first order: ``E[u^2] / n`` with ``u`` the metric's influence function
+        (Wolter 2007, Ch. 6; Deville 1999): for precision ``pred (y - P) / E[pred]``, recall
+        ``y (pred - R) / E[y]``, F1 ``(2 y pred - F (pred + y)) / (E[pred] + E[y])`` and accuracy
+        ``right - A``, so recall's is ``R (1 - R) / (n prevalence)``: the ``p (1 - p) / n`` the
+        budget tables divide by."""
+        y = self.labels.astype(float)
+        pred = self.predicted_positive.astype(float)
+        m = self.truth(metric)
+        if metric == "precision":
+            u = pred * (y - m) / pred.mean()
+        elif metric == "recall":
+            u = y * (pred - m) / y.mean()
+        elif metric == "f1":
+            u = (2.0 * y * pred - m * (pred + y)) / (pred.mean() + y.mean())
+        else:
+            u = (y == pred) - m
+        return float(np.mean(u * u) / n)
+
     def positives_only(self) -> Population:
         """The predicted positives as today's precision population."""
         pred = self.predicted_positive

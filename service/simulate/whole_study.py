@@ -24,10 +24,11 @@ from ..stats import confusion
 from ..stats.allocation import ALLOCATIONS, DEFAULT_ALLOCATION
 from ..stats.estimator import z_value
 from ..stats.strata import STRATIFICATIONS
+from . import budget
 from .engine import Protocol
 from .parallel import map_in_processes
 from .study import DesignSummary, _json_number, _pct_over
-from .whole import WholeDesign, WholeTruth, max_labels, prepare_whole, run_whole_until_stop
+from .whole import WholeDesign, WholeTruth, max_labels, prepare_whole, run_whole_budget, run_whole_until_stop
 from .whole_populations import WholeStream
 
 #: The default stratification of the predicted negatives (README "Recall, F1 and accuracy").
@@ -42,6 +43,7 @@ class WholeStudyRequest:
     protocol: Protocol
     runs: int
     seed: int
+    budgets: list[int] | None = None  # fixed label counts (`--budget`); None: the stopping mode
 
 
 def whole_designs(methods, stratifications, negative_stratifications, strata: int, negative_strata: int,
@@ -78,6 +80,13 @@ def _one_design(args) -> tuple[int, dict]:
     index, req, design = args
     st = prepare_whole(req.population, design, [req.metric])
     truth = req.population.truth(req.metric)
+    if req.budgets is not None:
+        b = run_whole_budget(st, design, [req.metric], req.budgets, req.runs,
+                             np.random.SeedSequence([req.seed, index]), req.protocol.confidence)
+        est, lo, hi = b.estimate[req.metric], b.lower[req.metric], b.upper[req.metric]
+        return index, {"budgets": [budget.figures(est[i], lo[i], hi[i], truth,
+                                                  req.population.srs_variance(req.metric, n))
+                                   for i, n in enumerate(req.budgets)]}
     r = run_whole_until_stop(st, design, [req.metric], req.protocol, req.runs,
                              np.random.SeedSequence([req.seed, index]), max_labels(req.population, req.protocol))
     est, lo, hi = r.estimate[req.metric], r.lower[req.metric], r.upper[req.metric]
@@ -135,6 +144,6 @@ def whole_json(req: WholeStudyRequest, rows: list[DesignSummary]) -> dict:
         "runs": req.runs,
         "strata": default.strata,
         "negative_strata": default.negative_strata,
-        "budget": None,
+        "budget": req.budgets,
         "methods": [{k: _json_number(v) for k, v in asdict(r).items()} for r in rows],
     }
