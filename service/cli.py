@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS = (
     "stratameter.app.command",
     "stratameter.simulate.command",
+    "stratameter.simulate.peers_command",
     "stratameter.bench.command",
     "stratameter.soak.command",
     "stratameter.demo.command",
