@@ -20,7 +20,7 @@ from stratameter.schemas.messages import CLASSIFIER_ID_RULE, is_classifier_id
 
 from . import views
 
-log = logging.getLogger("stratameter.http")
+log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 8192
 

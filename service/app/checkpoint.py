@@ -15,7 +15,7 @@ from .failures import describe_outage, redis_outage
 from .lifecycle import pause
 from .probes import Health
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 BACKOFF_MAX_S = 5.0
 COMMIT_INTERVAL_S = 0.2

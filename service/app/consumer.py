@@ -14,7 +14,7 @@ from ..config import Settings
 from .group import leave_group_on_stop
 from .records import install as install_own_records, own_records
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 #: Larger fetches keep aiokafka's prefetch buffer ahead of the CPU-bound batch processing (the
 #: fetcher runs on the same event loop, so it cannot refill the buffer while a batch is processed).

@@ -20,7 +20,7 @@ from redis.exceptions import OutOfMemoryError, RedisError
 
 from .consumer import describe
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 #: Redis's own failures: the batch in hand is retried (`checkpoint.Checkpoint`), as for `redis_outage`.
 REDIS_OUTAGES = (RedisError, OSError, asyncio.TimeoutError)

@@ -16,7 +16,7 @@ from ..config import Settings
 from .consumer import StartupError
 from .logs import redact
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 
 async def run_until_stopped(process, settings: Settings, serve, http_setting: str, host: str, port: int,

@@ -12,7 +12,7 @@ from ..config import Settings
 from .checkpoint import BACKOFF_MAX_S, Checkpoint
 from .consumer import KafkaClients, refresh_lag
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 #: Event-loop turns the new apply task is given before the next poll is staged: its first turn
 #: starts the partitions' tasks (`Checkpoint.apply`), the next take each to its INGEST pipeline's

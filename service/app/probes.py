@@ -26,7 +26,7 @@ from .consumer import StartupError, describe
 from .failures import describe_outage
 from .lifecycle import pause
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 PROBE_INTERVAL_S = 2.0
 READY_WINDOW_S = 3 * PROBE_INTERVAL_S

@@ -19,7 +19,7 @@ from .lifecycle import pause
 from .ownership import LEASE_MS, Leases
 from .probes import Health
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 
 class RequestTask:

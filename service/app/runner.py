@@ -35,7 +35,7 @@ from .state_watch import StateWatch
 
 __all__ = ["GLOBAL_SERIES_OWNER", "LEASE_MS", "Service", "StartupError", "describe", "run", "tune_gc"]
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 
 def tune_gc() -> None:

@@ -43,7 +43,7 @@ from ..state.store import Store
 from .batch import BatchHandler
 from .consumer import KafkaClients, describe
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 
 class StateWatch:

@@ -48,7 +48,7 @@ from .client import TASKS_PER_QUERY, LabelStudio, LabelStudioError
 from .mapping import Choices, TaskRequest
 from .metrics import BridgeMetrics
 
-log = logging.getLogger("stratameter.bridge")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-log = logging.getLogger("stratameter.bridge")
+log = logging.getLogger(__name__)
 
 #: seconds for one call; Label Studio answers the bridge's calls in milliseconds on a small project
 TIMEOUT_S = 30.0

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..api.http import _error, _response, serve_http
 
-log = logging.getLogger("stratameter.bridge")
+log = logging.getLogger(__name__)
 
 #: a webhook body carries the annotation, the task and the project (with its labelling config)
 MAX_WEBHOOK_BYTES = 4 << 20

@@ -42,7 +42,7 @@ from ..state.keys import first_negative_stratum, negatives_of, owner_of
 from ..state.store import ChunkState, Store
 from ..stats.confusion import Target, population
 
-log = logging.getLogger("stratameter.requests")
+log = logging.getLogger(__name__)
 
 def new_request_id(state_id: str) -> str:
     return f"{state_id}/{secrets.token_urlsafe(16)}"

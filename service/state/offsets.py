@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("stratameter")
+log = logging.getLogger(__name__)
 
 
 class RestartedLogs:
