@@ -19,7 +19,9 @@ from .engine import Protocol
 from .options import STATIC_DELTA, STREAM_DELTA, check_common, check_stream, parse_list
 from .populations import BUILTIN, builtin, load
 from .whole_populations import WHOLE_BUILTIN, whole_builtin
-from .study import StudyRequest, as_json, designs_for, pct_text, run_study, summarise, summarise_budget
+from .budget import budget_table
+from .study import (StudyRequest, as_json, designs_for, pct_text, run_study, srs_normal_labels, summarise,
+                    summarise_budget)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,7 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--without-replacement", action="store_true",
                    help="sample without replacement (hypergeometric, with fpc); default is Bennett's "
                         "with-replacement protocol")
-    p.add_argument("--budget", type=int, help="report MSE ratio vs random at this fixed label count")
+    p.add_argument("--budget", metavar="N[,N...]",
+                   help="fixed label counts (e.g. 100,200,400,800): report, at each, the MSE as a ratio to "
+                        "p(1-p)/n and to random's, bias, coverage and width, each with its standard error")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.add_argument("--plot", metavar="FILE.png", help="draw error vs labels and coverage (needs matplotlib)")
@@ -89,6 +93,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="ALLOWED_LATENESS_SECONDS: a chunk closes this long after its end (default 300)")
     st.add_argument("--max-labels-per-hour", type=int, default=None,
                     help="hourly label budget, paced over the clock hour (default: no budget)")
+    st.add_argument("--trace", type=float, nargs="?", const=30.0, default=None, metavar="SECONDS",
+                    help="instead of the study: read the chunk's estimate gauge every SECONDS (default 30, a scrape) "
+                         "of every run until it stops, as the service computes it then, and report per scenario "
+                         "the bias of the estimate (minus the precision of the items arrived so far) and the "
+                         "coverage of its interval, pooled over the readings and at minutes 5, 10 and 30; with "
+                         "--calibration, the difference estimator's gauge (the service's default)")
     p.set_defaults(handler=main)
 
 
@@ -130,6 +140,9 @@ def _main_calibration(args, pop) -> int:
 
 
 def main(args) -> int:
+    if getattr(args, "trace", None) is not None and not (args.stream and args.metric == "precision"):
+        print("stratameter simulate: error: --trace needs --stream (with --metric precision)", file=sys.stderr)
+        return 2
     if args.calibration:
         wrong = [o for o, given in (("--budget", args.budget is not None),
                                     ("--plot", args.plot), ("--methods", args.methods),
@@ -185,6 +198,10 @@ def main(args) -> int:
         print(f"stratameter simulate: error: {exc}", file=sys.stderr)
         return 2
     if args.stream:
+        if args.trace is not None:
+            from . import trace
+
+            return trace.main(args, pop)
         return stream_command.main(args, pop)
     if args.calibration:
         return _main_calibration(args, pop)
@@ -192,11 +209,11 @@ def main(args) -> int:
                         with_replacement=not args.without_replacement)
     curve = []
     if args.plot:
-        top = args.budget or int(1.96**2 * pop.truth * (1 - pop.truth) / args.delta**2) + 10
+        top = max(args.budgets or [0]) or int(1.96**2 * pop.truth * (1 - pop.truth) / args.delta**2) + 10
         curve = sorted(set(np.unique(np.geomspace(10, max(top, 20), 25).astype(int)).tolist()))
-    req = StudyRequest(pop, designs, protocol, args.runs, args.seed, args.budget, curve)
+    req = StudyRequest(pop, designs, protocol, args.runs, args.seed, args.budgets, curve)
     results = _run_with_progress(req, args.workers, quiet=args.json)
-    rows = summarise(req, results) if args.budget is None else summarise_budget(req, results)
+    rows = summarise(req, results) if args.budgets is None else summarise_budget(req, results)
     if args.json:
         print(json.dumps(as_json(req, rows)))
     else:
@@ -225,19 +242,18 @@ def _print_table(req: StudyRequest, rows) -> None:
     title = (f"{pop.name}: {pop.size} predicted positives, precision {pop.truth:.4f}; "
              f"delta={req.protocol.delta}, alpha={1 - req.protocol.confidence:.2g}, runs={req.runs}")
     t = Table(title=title)
-    if req.budget is None:
-        for col in ("method", "strata", "labels +- se", "InConf", "cover", "%Change", "%Oracle", "%Jeffreys"):
+    if req.budgets is None:
+        for col in ("method", "strata", "labels +- se", "cover", "InConf", "%Change", "%Oracle", "%Jeffreys"):
             t.add_column(col, justify="left" if col in ("method", "strata") else "right", no_wrap=True)
         for r in rows:
             t.add_row(r.method, r.stratification, f"{r.labels_mean:.0f} +- {r.labels_se:.0f}",
-                      f"{r.in_conf:.3f}", f"{r.ci_coverage:.3f}", f"{r.change_vs_random:+.1f}",
+                      f"{r.ci_coverage:.3f}", f"{r.in_conf:.3f}", f"{r.change_vs_random:+.1f}",
                       pct_text(r.pct_oracle), pct_text(r.pct_jeffreys_oracle))
+        fpc = None if req.protocol.with_replacement else pop.size
+        t.caption = (f"simple random sampling with a normal interval needs "
+                     f"{srs_normal_labels(pop.truth, req.protocol.delta, req.protocol.confidence, fpc):.0f} labels")
     else:
-        for col in ("method", "stratification", "labels", "MSE", "MSE ratio vs random", "CI cover"):
-            t.add_column(col)
-        for r in rows:
-            ratio = "-" if r.mse_ratio_vs_random is None else f"{r.mse_ratio_vs_random:.3f}"
-            t.add_row(r.method, r.stratification, str(r.budget), f"{r.mse:.2e}", ratio, f"{r.ci_coverage:.3f}")
+        budget_table(t, rows)
     console = Console()
     if not console.is_terminal:  # a file or pipe: no terminal width to fit, print the whole table
         console = Console(width=120)

@@ -52,6 +52,7 @@ from ..stats.difference import Calibrated, Labelled, StratumGrid, calibrated_int
 from ..stats.sketch import ScoreHistogram
 from .arrivals import SCENARIOS, Chunks, Scenario, StreamSettings, draw, ranges
 from .populations import Population
+from .trace import GaugeRecorder, GaugeTrace
 
 __all__ = ["SCENARIOS", "Scenario", "StreamSettings", "StreamResult", "draw", "raised_thresholds", "run_stream"]
 
@@ -119,10 +120,11 @@ class StreamResult:
     requested: np.ndarray | None = None  # with keep_items: per layout item
     requested_at: np.ndarray | None = None
     calibrated: np.ndarray | None = None  # bool: the difference estimator's interval was reported at stop
+    gauge: GaugeTrace | None = None  # with gauge_seconds: the gauge's readings (`trace`)
 
 
 def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, seed,
-               trace_runs: int = 0, keep_items: bool = False) -> StreamResult:
+               trace_runs: int = 0, keep_items: bool = False, gauge_seconds: float | None = None) -> StreamResult:
     """R runs of the service's request loop on chunks drawn by `draw`.
 
     As in the service (`requests.loop`): a step is skipped where nothing the
@@ -131,6 +133,11 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     the budget; thresholds are stored only when a step issues requests (a
     raise that finds no arrived item is recomputed at the next step); the
     score prior is re-read when the chunk has grown by a tenth.
+    The estimate at a run's stop is the reading at the stopping rule's stop
+    (`Interval.estimate_at_stop`) where the run converged, the plain reading
+    (`Interval.estimate`) where it stopped otherwise (exhausted, capped).
+    With `gauge_seconds`, the gauge's readings every that many seconds of every
+    run (`trace.GaugeRecorder`; ``out.gauge``).
     One function on purpose (245 lines): a step reads and writes some forty
     arrays over (runs, strata) and items; split, each part would take most
     of them as parameters, and the step would no longer read top to bottom
@@ -188,6 +195,16 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     active = np.ones(R, dtype=bool)
     cal_active = np.zeros(R, dtype=bool)  # the difference estimator's interval is the one reported
     cal_hw = np.full(R, np.nan)  # its half-width, as last computed
+    gauge = calibrate_gauge = None
+    if gauge_seconds is not None:
+        gauge = GaugeRecorder(R, K, gauge_seconds, end, s.lateness, s.confidence, c.target, c.metric, c.positive)
+        if calibrating:
+            def calibrate_gauge(t, closed_t, a):  # the runs `a` whose gauge shows the difference estimator's
+                step_t = int(math.floor(t / dt + 1e-9))  # the labels landed by t
+                for i in np.flatnonzero(n[a].sum(axis=1) >= s.calibration_min_labels):
+                    cal = chunk_calibration(c, int(a[i]), step_t, t, N[a[i]], lands, fold, closed_t, s)
+                    if cal.active:
+                        yield i, cal.interval
 
     out = StreamResult(*(np.zeros(R, dtype=np.int64) for _ in range(2)), *(np.full(R, np.nan) for _ in range(4)),
                        np.zeros(R, bool), np.zeros(R, bool), np.full(R, "open", dtype=object), np.zeros(R, bool),
@@ -210,6 +227,8 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     while active.any():
         now = step * dt
         sl = step % S
+        if gauge is not None:  # the readings the skipped steps left: nothing changed in them
+            gauge.before(now, active, N, n, h, calibrate_gauge)
         # 1. answers land
         n += ring_n[sl]
         h += ring_h[sl]
@@ -227,11 +246,15 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             kk = c.stratum[li].astype(np.int64)
             flat = rr * K + kk
             N += np.bincount(flat, minlength=R * K).reshape(R, K)
+            if gauge is not None:
+                gauge.arrived(flat, c.y[li])
             qsum += np.bincount(flat, weights=c.prob[li], minlength=R * K).reshape(R, K)
             first[grew] = np.where(np.isnan(first[grew]), c.arr_key[grew * M] - grew * c.span, first[grew])
             last[grew] = c.arr_key[grew * M + new_ptr[grew] - 1] - grew * c.span
             fresh = li[(li - c.off[rr, kk]) < m[rr, kk]]
             ptr = new_ptr
+        if gauge is not None:
+            gauge.at(now, active, N, n, h, calibrate_gauge)
         closed = bool(streams.is_closed(now, end, s.lateness))
         capped = now >= cap_t
         if budget is not None and int(now // 3600) != hour:
@@ -255,6 +278,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             N_final = Nr * (final / total)[:, None]
             iv = streams.chunk_interval(Nr, nr, hr, s.confidence, closed, c.target)
             est, lower, upper, hw = iv.estimate.copy(), iv.lower.copy(), iv.upper.copy(), iv.halfwidth.copy()
+            est_stop = np.array(iv.estimate_at_stop, dtype=float)  # the reading at the stopping rule's stop
             labels = nr.sum(axis=1)
             ready = pend[rows] == 0
             ev = ready & (labels > evaluated[rows])
@@ -270,6 +294,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                     if cal.active:
                         iv_i = cal.interval
                         est[i], lower[i], upper[i], hw[i] = iv_i.estimate, iv_i.lower, iv_i.upper, iv_i.halfwidth
+                        est_stop[i] = iv_i.estimate_at_stop
                         ratio[i] = cal.variance_ratio
                         scale = np.ones_like(Nr) if scale is None else scale
                         scale[i] = cal.allocation_scale
@@ -384,7 +409,8 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 d = rows[done]
                 out.labels[d] = labels[done]
                 out.requests[d] = issued_total[d]
-                out.estimate[d], out.lower[d], out.upper[d] = est[done], lower[done], upper[done]
+                out.estimate[d] = np.where(status[done] == "converged", est_stop[done], est[done])
+                out.lower[d], out.upper[d] = lower[done], upper[done]
                 out.halfwidth[d] = hw[done]
                 out.converged[d] = converged[done]
                 out.closed[d] = closed
@@ -398,6 +424,8 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                           close_step, cap_step)
     if keep_items:
         out.chunks, out.requested, out.requested_at = c, requested, requested_at
+    if gauge is not None:
+        out.gauge = gauge.result()
     return out
 
 

@@ -10,18 +10,23 @@ from . import stream_study
 from .arrivals import SCENARIOS, StreamSettings
 
 
-def main(args, pop) -> int:
-    """The stream study of `pop` with the checked `args` (`options.check_stream`); 2 on a scenario the
-    population cannot run."""
-    metric = getattr(args, "metric", "precision")
+def settings_from(args, metric: str = "precision") -> StreamSettings:
+    """The stream settings the checked `args` (`options.check_stream`) ask for, defaults elsewhere."""
     defaults = StreamSettings()
-    settings = StreamSettings(
+    return StreamSettings(
         delta=args.delta, confidence=args.confidence if args.confidence is not None else 1.0 - args.alpha,
         chunk_seconds=args.chunk_seconds or defaults.chunk_seconds, rate=args.rate or defaults.rate,
         lateness=defaults.lateness if args.lateness is None else args.lateness,
         max_labels_per_hour=args.max_labels_per_hour, review_delay=args.review_delay, skip_rate=args.skip_rate,
         strata=args.strata, metric=metric, negative_strata=args.negative_strata,
     )
+
+
+def main(args, pop) -> int:
+    """The stream study of `pop` with the checked `args` (`options.check_stream`); 2 on a scenario the
+    population cannot run."""
+    metric = getattr(args, "metric", "precision")
+    settings = settings_from(args, metric)
     study = stream_study.StreamStudy(pop, args.scenario, settings, args.runs, args.seed)
     try:
         for name in study.scenarios:  # fail fast on what a scenario cannot do with this population

@@ -1,5 +1,6 @@
 """`stratameter simulate --stream` as a study: every scenario of a population,
-the static design beside it, summaries and the JSON document."""
+the static design beside it, summaries and the JSON document; the gauge trace's
+bias and coverage (`--trace`, `run_trace_study`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from .calibrated import BLOCK_RUNS, Cell, Stop
 from .parallel import map_in_processes
 from .populations import Population
 from .stream import StreamResult, run_stream
+from .trace import SCRAPE_SECONDS, GaugeTrace, TraceSummary
+from .trace import summarise as summarise_trace
 from .whole_populations import WholeStream
 
 
@@ -213,3 +216,52 @@ def calibration_json(study: StreamStudy, cells: list[tuple[str, Cell]]) -> dict:
         "settings": {k: v for k, v in asdict(s).items() if k not in ("delta", "confidence", "calibration_min_labels")},
         "scenarios": [{"scenario": name, **{k: _json_number(v) for k, v in asdict(c).items()}} for name, c in cells],
     }
+
+
+#: Runs per process task of the gauge trace (`run_trace_study`): the loop is vectorised over runs,
+#: a block this large spends little on its per-step overhead.
+TRACE_BLOCK_RUNS = 500
+
+
+def run_trace_study(study: StreamStudy, every: float = SCRAPE_SECONDS,
+                    progress: Callable[[int, int], None] | None = None,
+                    workers: int | None = None) -> list[tuple[str, TraceSummary, float]]:
+    """Every scenario's gauge trace (`run_stream` with ``gauge_seconds=every``, `trace`), in blocks of
+    `TRACE_BLOCK_RUNS` runs spread over processes: per scenario its `trace.summarise` and the CPU
+    seconds its blocks took.  A block's runs depend only on the seed, the scenario and the block."""
+    blocks = -(-study.runs // TRACE_BLOCK_RUNS)
+    tasks = [(study, name, every, np.random.SeedSequence([study.seed, list(SCENARIOS).index(name), b]),
+              min(TRACE_BLOCK_RUNS, study.runs - b * TRACE_BLOCK_RUNS))
+             for name in study.scenarios for b in range(blocks)]
+    done = map_in_processes(_trace_block, tasks, progress, workers)
+    out = []
+    for i, name in enumerate(study.scenarios):
+        mine = done[i * blocks:(i + 1) * blocks]
+        out.append((name, summarise_trace(GaugeTrace.concat([g for g, _ in mine])), sum(t for _, t in mine)))
+    return out
+
+
+def _trace_block(task) -> tuple[GaugeTrace, float]:
+    study, name, every, seed, runs = task
+    t0 = time.process_time()
+    r = run_stream(study.population, SCENARIOS[name], study.settings, runs, seed, gauge_seconds=every)
+    return r.gauge, time.process_time() - t0
+
+
+def trace_json(study: StreamStudy, every: float, cells: list[tuple[str, TraceSummary, float]]) -> dict:
+    """The document of `stratameter simulate --stream --trace --json`."""
+    s = study.settings
+    return {
+        "mode": "stream-trace", "population": study.population.name, "truth": study.population.truth,
+        "delta": s.delta, "confidence": s.confidence, "runs": study.runs, "seed": study.seed, "scrape_seconds": every,
+        "settings": {k: v for k, v in asdict(s).items() if k not in ("delta", "confidence")},
+        "scenarios": [{"scenario": name, **_trace_doc(summary), "cpu_seconds": round(seconds, 3)}
+                      for name, summary, seconds in cells],
+    }
+
+
+def _trace_doc(t: TraceSummary) -> dict:
+    share = lambda x: {k: _json_number(v) for k, v in asdict(x).items()}  # noqa: E731
+    return {"readings": t.readings, "no_interval": t.no_interval, "bias": share(t.bias), "coverage": share(t.coverage),
+            "minutes": {str(m): {"bias": share(v["bias"]), "coverage": share(v["coverage"]),
+                                 "no_interval": v["no_interval"]} for m, v in t.at_minute.items()}}
