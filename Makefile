@@ -4,6 +4,7 @@
 #   make label-studio - create .venv-label-studio with Label Studio (the bridge's tests and
 #                demo; pinned in service/demo/label_studio.py; re-installs when that file is newer)
 #   make test  - run the whole test suite, one pytest-xdist worker per core (creates both virtualenvs first)
+#   make test-unit - the fast loop: tests/unit without the slow simulations (no broker, Redis or Label Studio)
 #   make demo  - run the end-to-end demo (embedded broker + Redis)
 
 SHELL := /bin/bash
@@ -19,7 +20,7 @@ LS_VENV := .venv-label-studio
 LS_STAMP := $(LS_VENV)/.stratameter-installed
 LS_REQUIREMENT := $(shell sed -n 's/^LABEL_STUDIO_REQUIREMENT = "\(.*\)"$$/\1/p' service/demo/label_studio.py)
 
-.PHONY: venv label-studio test demo clean-venv
+.PHONY: venv label-studio test test-unit demo clean-venv
 
 venv: $(STAMP)
 
@@ -48,6 +49,9 @@ $(LS_STAMP): service/demo/label_studio.py
 
 test: venv label-studio
 	$(VENV)/bin/python -m pytest -q -n auto
+
+test-unit: venv
+	$(VENV)/bin/python -m pytest -q -n auto -m "unit and not slow and not integration and not system" tests/unit
 
 demo: venv
 	$(VENV)/bin/stratameter demo

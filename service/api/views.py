@@ -67,7 +67,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         top = None
     elif "precision" in active:
         top = active["precision"]
-    elif "precision" in intervals:  # the same interval (tests/test_confusion.py): not computed twice
+    elif "precision" in intervals:  # the same interval (tests/unit/test_confusion.py): not computed twice
         top = intervals["precision"]
     else:
         top = _metrics(_columns([(cs, 0, "positive")]), ["precision"], cfg.confidence, closed)["precision"]

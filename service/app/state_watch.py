@@ -95,7 +95,7 @@ class StateWatch:
         this listener still runs, and a record applied from the committed offset before the seek
         moves its state's offset past the gap, whose records then read as replays and are never
         counted (measured: with this check a second long, the restart after a state gone back counted
-        400 of 600 scores and committed all 600, tests/test_redis_rolled_back.py)."""
+        400 of 600 scores and committed all 600, tests/system/test_redis_rolled_back.py)."""
         tps = sorted(partitions)
         consumer = self.kafka.consumer
         consumer.pause(*tps)

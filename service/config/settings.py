@@ -4,7 +4,7 @@ A field reads ``name: Annotated[type, check, mark...] = default``.  The check (`
 ``STRATAMETER_<NAME>`` and, for a per-classifier setting, on the overrides file alike; the marks
 (`Mark`) say what else the field is: FROM_FILE (a ``*_FILE`` variant), OVERRIDE (may differ per
 classifier, README's ``*``), CARRY (per classifier, the same for all).  `ClassifierConfig`,
-`OVERRIDABLE` and `FILE_SECRETS` are read off these declarations; tests/test_config_docs.py holds
+`OVERRIDABLE` and `FILE_SECRETS` are read off these declarations; tests/unit/test_config_docs.py holds
 README's "Configuration" table and the Helm chart to them.
 """
 

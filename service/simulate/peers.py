@@ -91,7 +91,7 @@ def ppi_plus_plus(Y: np.ndarray, Yhat: np.ndarray, Yhat_unlabeled: np.ndarray, c
     ``lam`` is tuned per column (``lam_optim_mode="element"``: each column's own one-dimensional
     tuning, as a call per run would do).  The estimate is the interval's midpoint: ``ppi_mean_ci``
     is the z-interval around ``ppi_mean_pointestimate(lam=None)``, whose ``lam`` it computes from
-    the same pilot (``lam=1``) estimate (tests/test_peers.py holds the two equal), so a second call
+    the same pilot (``lam=1``) estimate (tests/unit/test_peers.py holds the two equal), so a second call
     would only repeat its passes over the N predictions.  Returns ``(estimate, lower, upper)``."""
     import ppi_py
 

@@ -3,7 +3,7 @@
 Every key of one classifier carries the hash tag ``{cid}``, so a classifier's state lives
 in one Redis Cluster slot; service-wide keys share the tag ``{_global}``.  The Lua scripts
 (``lua/*.lua``) build no key: the store passes every key a script touches in KEYS, all
-in one slot (tests/test_state_keys.py checks both against a real Redis).
+in one slot (tests/integration/test_state_keys.py checks both against a real Redis).
 
 Per classifier ``<prefix>:{cid}:...``
   meta                hash   first_seen_ms, scores_total, last_event_ms, unpaired_through_ms (the

@@ -27,7 +27,7 @@ correction, the Wilson interval with the design-effect ``n_eff`` at its centre,
 half a label of each class at the stratum's mean prediction (``z`` = 1 and 0).
 
 Pure numpy; no I/O.  The population means ``G_k`` come from the score histogram the service
-keeps (`StratumGrid`, buckets split at the cuts: `tests/test_difference.py` measures the bias).
+keeps (`StratumGrid`, buckets split at the cuts: `tests/unit/test_difference.py` measures the bias).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class StratumGrid:
         histogram's own assumption of scores spread evenly inside a bucket, as `strata.boundaries`
         interpolates), each part at its midpoint: a bucket across a cut is not given whole to
         one stratum (measured on `steep`: stratum means within 3.4e-4 of the exact ones, 1.7e-3
-        with whole buckets, `tests/test_difference.py`)."""
+        with whole buckets, `tests/unit/test_difference.py`)."""
         concrete = resolve_kind(kind, hist.min, hist.max)
         edges = bin_edges_score()
         used = np.flatnonzero(hist.counts)
@@ -307,7 +307,7 @@ def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics,
                        margin: float = CALIBRATION_MARGIN) -> dict[str, Calibrated]:
     """Per enabled metric, the switch (module docstring): below `min_labels` labels, or with a fold
     empty, the plain estimator (`metric_interval` with ``z = y``: `confusion.metric_interval` to
-    rounding, `tests/test_difference.py`); above, the difference
+    rounding, `tests/unit/test_difference.py`); above, the difference
     estimator (`metric_interval`) while its cross-fitted variance is at most `margin` times the
     plain one's (both guarded, at the same labels) and its interval is no wider.  The second
     condition matters near 0 and 1 only: where every label agrees the plain interval is Wilson's

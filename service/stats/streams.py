@@ -323,7 +323,7 @@ class _ClosedWidths:
     ``m_k = min(t n_k, cap_k)`` and positives ``p_k m_k``, for many factors ``t`` at once.
 
     The same operations in the same order as `estimator.wilson_interval`, so the same numbers
-    (`tests/test_streams_search.py` holds the two equal on random chunks): the guarded
+    (`tests/unit/test_streams_search.py` holds the two equal on random chunks): the guarded
     stratified variance ``v = sum_k W_k^2 (1 - f_k) s_k^2 / n_k`` with ``s_k^2 = n/(n-1) pbar
     (1 - pbar)`` at ``pbar_k = (h_k + 1/2)/(n_k + 1)`` (Kumar & Raj, Eq. 3 and 6), the
     adaptive-bias corrected estimate (`estimator.adaptive_shift`: Wald's identity, to first

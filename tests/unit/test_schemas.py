@@ -459,6 +459,7 @@ def score_records(draw) -> dict:
     return rec(**fields)
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(score_records(), st.floats(-10, 10), _windows)
 def test_parse_scores_agrees_with_the_model(record, threshold, window):
@@ -495,6 +496,7 @@ def label_records(draw) -> dict:
     return {k: v for k, v in out.items() if v is not ...}
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(label_records())
 def test_parse_labels_agrees_with_the_model(record):
@@ -531,6 +533,7 @@ _mutated = st.builds(lambda raw, cut, junk: raw[:cut] + junk + raw[cut:],
                      st.builds(orjson.dumps, score_records()), st.integers(0, 300), st.binary(max_size=4))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(st.binary(max_size=200), st.none(), _mutated,
                           st.builds(orjson.dumps, score_records()),
@@ -543,6 +546,7 @@ def test_parse_scores_never_raises_and_partitions(values):
         == len(batch.predicted_positive) == len(batch.event_time_ms) == len(batch.index)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.binary(max_size=100), st.none(), st.builds(orjson.dumps, label_records()),
                           st.builds(orjson.dumps, _json)), max_size=12))
@@ -587,6 +591,7 @@ def _reference(value, row) -> tuple:
     return parse_mod._diagnose(value, parse_mod.MAX_RECORD_BYTES, row)
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_raw_values(_FIELDS), st.floats(-10, 10), _windows)
 @example(b'{"classifier_id":"a","item_id":"b","score":0.5,"x":"\xff"}', 0.5, None)
@@ -607,6 +612,7 @@ def test_parse_scores_agrees_with_the_reference_on_raw_bytes(value, threshold, w
     assert got == (cid, item, float(score), bool(pp), et, ctx), value
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(_raw_values(_FIELDS), st.builds(orjson.dumps, score_records()), st.none()), max_size=8),
        st.floats(-10, 10), _windows)
@@ -646,6 +652,7 @@ _LABEL_FIELDS = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_raw_values(_LABEL_FIELDS))
 @example(b'{"request_id":"r","label":true,"x":"\xff"}')
@@ -704,6 +711,7 @@ def test_codec_round_trips_every_message():
 # --------------------------------------------------------------------------- times
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.timezones()),
        st.sampled_from(["T", "t", " "]), st.integers(0, 9))

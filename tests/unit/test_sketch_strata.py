@@ -348,6 +348,7 @@ def test_unknown_method_raises():
 # ---------------------------------------------------------------- boundaries: properties
 
 
+@pytest.mark.slow
 @PROPS
 @given(score_samples(), st.integers(1, 30), st.sampled_from(STRATIFICATIONS))
 def test_boundaries_monotone_inside_range_cover_all_scores_no_empty_stratum(scores, k, method):
@@ -366,6 +367,7 @@ def test_boundaries_monotone_inside_range_cover_all_scores_no_empty_stratum(scor
     assert np.all(counts > 0), f"empty stratum: cuts={cuts}, counts={counts}"
 
 
+@pytest.mark.slow
 @PROPS
 @given(score_samples(), st.integers(2, 12), st.sampled_from(STRATIFICATIONS))
 def test_boundaries_depend_only_on_the_histogram(scores, k, method):
@@ -375,6 +377,7 @@ def test_boundaries_depend_only_on_the_histogram(scores, k, method):
     np.testing.assert_array_equal(boundaries(hist, k, method), boundaries(again, k, method))
 
 
+@pytest.mark.slow
 @PROPS
 @given(score_samples(), st.sampled_from(STRATIFICATIONS))
 def test_two_strata_whenever_the_histogram_can_separate_scores(scores, method):

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from stratameter.simulate.calibrated import Chunk, cell, design
 from stratameter.simulate.populations import builtin
 
 
+@pytest.mark.slow
 def test_the_calibrated_design_covers_is_unbiased_and_saves_labels_on_steep():
     # delta 0.03 (~330 labels) with the rounds of a chunk before it closes: the calibration is
     # in use for most of each run, and 2000 paired runs take about a minute on two cores
@@ -37,6 +39,7 @@ def test_off_the_design_is_todays_exactly():
     assert off == above_every_run and not off.active
 
 
+@pytest.mark.slow
 def test_the_command_reports_a_paired_cell_and_refuses_what_does_not_apply(capsys):
     from stratameter.cli import main
 
@@ -50,7 +53,7 @@ def test_the_command_reports_a_paired_cell_and_refuses_what_does_not_apply(capsy
         assert main(["simulate", "--calibration", "--builtin", "steep", "--runs", "4", *wrong]) == 2
         assert "does not apply with --calibration" in capsys.readouterr().err
     assert main(["simulate", "--calibration", "--builtin", "steep", "--runs", "4", "--metric", "recall"]) == 2
-    assert "needs a whole-stream population" in capsys.readouterr().err  # tests/test_simulate_calibrated_metrics.py
+    assert "needs a whole-stream population" in capsys.readouterr().err  # tests/unit/test_simulate_calibrated_metrics.py
     assert main(["simulate", "--stream", "--calibration", "--builtin", "steep", "--delta", "0.05", "--runs", "3",
                  "--chunk-seconds", "600", "--scenario", "slow,burst", "--workers", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -60,6 +63,7 @@ def test_the_command_reports_a_paired_cell_and_refuses_what_does_not_apply(capsy
                for row in doc["scenarios"])
 
 
+@pytest.mark.slow
 def test_on_a_slow_stream_the_calibrated_design_covers_and_saves_labels():
     """The service's stream design with the calibration, on chunks whose items arrive while they
     are sampled (`simulate --stream --calibration`): no premature convergence, each chunk judged
@@ -83,6 +87,7 @@ def test_on_a_slow_stream_the_calibrated_design_covers_and_saves_labels():
     print(c)
 
 
+@pytest.mark.slow
 def test_on_a_stream_below_the_minimum_the_design_is_todays_exactly():
     """A calibration that never reaches its minimum leaves the stream design as today's: the same
     labels, estimates and intervals run by run."""

@@ -127,6 +127,7 @@ def run_json(capsys, *args) -> dict:
     return json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
 
 
+@pytest.mark.slow
 def test_simulate_json_document(capsys):
     code = main(["simulate", "--runs", "50", "--json", "--delta", "0.05"])
     assert code == 0
@@ -154,6 +155,7 @@ def test_simulate_json_document(capsys):
     assert 0.5 * srs < methods[0]["labels_mean"] < 2.5 * srs
 
 
+@pytest.mark.slow
 def test_simulate_is_reproducible_for_a_seed(capsys):
     args = ["--runs", "20", "--delta", "0.08", "--seed", "3", "--workers", "1", "--builtin", "steep"]
     assert run_json(capsys, *args) == run_json(capsys, *args)
@@ -217,6 +219,7 @@ def test_simulate_budget_runs_without_estimate_are_reported_not_dropped(capsys):
     assert row["mse"] > 0 and row["mse_ratio_vs_random"] is None
 
 
+@pytest.mark.slow
 def test_simulate_without_replacement_terminates_on_a_tiny_population(tmp_path, capsys):
     # 40 items, equal-width strata: uni used to give 0 labels per round forever
     rng = np.random.default_rng(1)
@@ -232,6 +235,7 @@ def test_simulate_without_replacement_terminates_on_a_tiny_population(tmp_path, 
     assert doc["methods"][1]["mse"] == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_simulate_population_file_and_table(tmp_path, capsys):
     rng = np.random.default_rng(0)
     s = rng.uniform(0.0, 1.0, 3000)
@@ -249,6 +253,7 @@ def test_simulate_population_file_and_table(tmp_path, capsys):
     assert "pop: 3000 predicted positives" in out and "opt_track" in out and "%Oracle" in out
 
 
+@pytest.mark.slow
 def test_simulate_pure_population_has_no_oracle_ratio(tmp_path, capsys):
     path = tmp_path / "pure.jsonl"
     path.write_text("".join(json.dumps({"score": 0.5 + i / 400, "label": 1}) + "\n" for i in range(200)))
@@ -257,6 +262,7 @@ def test_simulate_pure_population_has_no_oracle_ratio(tmp_path, capsys):
     assert all(m["pct_oracle"] is None for m in doc["methods"])
 
 
+@pytest.mark.slow
 def test_simulate_plot_writes_a_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = tmp_path / "study.png"
@@ -330,6 +336,7 @@ def test_simulate_stream_json_document(capsys):
     assert again["scenarios"][0]["labels_mean"] == rows[1]["labels_mean"]
 
 
+@pytest.mark.slow
 def test_simulate_stream_defaults_and_table(capsys):
     doc = run_json(capsys, "--stream", "--runs", "4", "--chunk-seconds", "300", "--review-delay", "5",
                    "--skip-rate", "0.1", "--max-labels-per-hour", "100", "--confidence", "0.9", "--workers", "1")

@@ -4,7 +4,7 @@ service's label requests, clicks a choice and submits; the service's JSON API th
 
 The screenshot of the labelling page (taken after the click, before Submit) is saved in the test's
 temp dir; with ``STRATAMETER_TEST_SCREENSHOT=<path>`` also there (README's ``docs/label-studio.png``
-was taken so: ``STRATAMETER_TEST_SCREENSHOT=docs/label-studio.png pytest tests/test_label_studio_browser.py``).
+was taken so: ``STRATAMETER_TEST_SCREENSHOT=docs/label-studio.png pytest tests/e2e/test_label_studio_browser.py``).
 """
 
 from __future__ import annotations

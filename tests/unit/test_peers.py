@@ -35,6 +35,7 @@ def test_platt_fit_hand_case():
     assert np.all(np.isfinite(theta)) and theta[2, 0] > 3
 
 
+@pytest.mark.slow
 def test_ppi_plus_plus_hand_case():
     pytest.importorskip("ppi_py")
     from stratameter.simulate.peers import ppi_plus_plus
@@ -53,6 +54,7 @@ def test_ppi_plus_plus_hand_case():
     assert est == pytest.approx(0.671446, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_ppi_plus_plus_batched_equals_ppi_py_per_run():
     ppi_py = pytest.importorskip("ppi_py")
     from stratameter.simulate.peers import ppi_plus_plus

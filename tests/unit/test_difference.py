@@ -145,6 +145,7 @@ def test_bucket_midpoints_bias_the_stratum_means_by_less_than_half_a_thousandth(
     assert grid.counts.sum() == pytest.approx(pop.size)
 
 
+@pytest.mark.slow
 def test_simulated_bias_and_coverage_on_steep_and_narrower_than_the_plain_estimator():
     """2000 runs of a fixed proportional allocation (400 labels without replacement) on a
     `steep` chunk: the cross-fitted difference estimator is unbiased (its interval's centre is
@@ -179,6 +180,7 @@ def test_simulated_bias_and_coverage_on_steep_and_narrower_than_the_plain_estima
     assert np.mean(half) < 0.95 * np.mean(half_plain), (np.mean(half), np.mean(half_plain))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, most_ratio, least_saving", [
     ("steep", 0.95, 0.10),           # measured: half-width ratio 0.932, switch active in 100 % of runs (-13.0 %)
     ("svm-margin", 0.99, 0.02),      # 0.982, active 90 % (-3.6 % labels for the same width)

@@ -70,7 +70,7 @@ def test_gmm_hand_case_two_components():
 
 def test_gmm_falls_back_on_the_kmeans_cut_when_a_component_is_swallowed():
     """Scores in [0, 1] and one outlier at 18 (found by the property test in
-    tests/test_sketch_strata.py): the mixture's wide component takes the outlier too, so no
+    tests/unit/test_sketch_strata.py): the mixture's wide component takes the outlier too, so no
     point is more likely above the first component; the k-means cut keeps two strata."""
     scores = np.concatenate([[18.0], np.random.default_rng(14).random(1000)])
     hist = ScoreHistogram.from_scores(scores)
@@ -84,6 +84,7 @@ def test_gmm_falls_back_on_the_kmeans_cut_when_a_component_is_swallowed():
         assert cuts.size == 1 and np.all(np.bincount(stratum) > 0), method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", STRATIFICATIONS)
 @pytest.mark.parametrize("k", [1, 2, 4, 20])
 @pytest.mark.parametrize("population", ["uniform", "logits", "beta"])

@@ -28,6 +28,7 @@ def _random_case(rng, k=4):
     return N, stratum, y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", confusion.METRICS)
 def test_with_the_labels_as_outcomes_it_is_the_plain_interval(metric):
     """``z = y``: every metric's interval is `confusion.metric_interval` on the counts (to

@@ -19,7 +19,7 @@ from stratameter.config.checks import shown
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 CHART = ROOT / "helm" / "stratameter"
 FIELDS = Settings.model_fields

@@ -1,6 +1,6 @@
 """The Label Studio bridge without Label Studio: the pure mapping functions (one function each), its
 settings, its Redis keys, and its part of the Helm chart (rendered, schema-checked, fed to the
-settings loader).  The bridge against a real Label Studio: tests/test_label_studio.py."""
+settings loader).  The bridge against a real Label Studio: tests/e2e/test_label_studio.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from stratameter.config import ConfigError, Settings, load_settings
 from stratameter.schemas.parse import decode_label_request, label_request_bytes
 from stratameter.state.keys import Keys
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "stratameter"
 CHOICES = Choices.parse("Positive,Negative,Unsure")
 

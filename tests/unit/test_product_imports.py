@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Product modules that may start the bundled broker and Redis (`stratameter.embedded`).
 LAUNCHER_USERS = ("service/demo/", "service/bench/", "service/soak/", "service/embedded/")
 

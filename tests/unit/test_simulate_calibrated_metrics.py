@@ -42,6 +42,7 @@ def test_off_the_design_is_todays_exactly(metric):
     assert off == never and not off.active
 
 
+@pytest.mark.slow
 def test_the_command_runs_a_metric_and_refuses_what_does_not_apply(capsys):
     from stratameter.cli import main
 
@@ -62,6 +63,7 @@ def test_the_command_runs_a_metric_and_refuses_what_does_not_apply(capsys):
     assert "not defined" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_precision_of_a_whole_stream_is_its_predicted_positives_design():
     """`cell` on a whole stream for precision alone samples its predicted positives, as the service
     does when precision is the only metric."""

@@ -56,6 +56,7 @@ def test_two_label_minimum_when_the_target_is_loose():
     assert jeffreys_oracle_allocation([10, 0, 30], [0.5, 0.7, 0.9], 0.9).tolist() == pytest.approx([2, 0, 2])
 
 
+@pytest.mark.slow
 def test_fpc_never_asks_for_more_than_the_stratum():
     alloc = jeffreys_oracle_allocation([50, 5000], [0.5, 0.5], 0.01, fpc=True)
     assert alloc[0] <= 50 + 1e-9
@@ -82,6 +83,7 @@ def test_empty_population():
 strata = st.lists(st.tuples(st.integers(1, 10**6), st.floats(0.0, 1.0)), min_size=1, max_size=6)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(strata, st.floats(0.005, 0.1))
 def test_optimal_feasible_and_above_neyman(rows, delta):

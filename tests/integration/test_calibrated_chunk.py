@@ -4,7 +4,7 @@ estimator's interval where the switch uses it, with ``calibration`` saying so, f
 from both sides of the threshold, for recall, F1 and accuracy; below
 CALIBRATION_MIN_LABELS, with it 0, or with records that do not add up to the chunk's label
 counts, exactly today's estimator.  Real Redis; the statistics themselves are
-tests/test_difference.py's."""
+tests/unit/test_difference.py's."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ _contexts = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.tuples(_ids, _scores, _contexts), max_size=30))
 def test_members_are_member_of_each_item(rows):
@@ -59,6 +61,7 @@ def test_members_of_an_id_ending_in_a_quote_and_a_comma():
     assert [orjson.loads(m)["i"] for m in out] == ids
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.text(alphabet='",\\a', min_size=1, max_size=6), max_size=12))
 def test_members_of_ids_made_of_quotes_commas_and_backslashes(ids):

@@ -17,7 +17,7 @@ from tests.harness import Reviewer, running_service, wait_for
 pytestmark = pytest.mark.integration
 
 ITEMS = 3000
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 async def test_full_loop_converges_for_several_classifiers(kafka_bootstrap, redis_backend, unique_name):

@@ -85,6 +85,7 @@ def random_chunk(rng: np.random.Generator, shape: tuple[int, ...], K: int):
     return N, n, h, q
 
 
+@pytest.mark.slow
 def test_labels_to_reach_equals_its_definition_on_random_chunks():
     rng = np.random.default_rng(13)
     checked = short = 0
@@ -107,6 +108,7 @@ def test_labels_to_reach_equals_its_definition_on_random_chunks():
     assert checked > 1500 and short > 500  # most cases searched, not only today's labels returned
 
 
+@pytest.mark.slow
 def test_shortfall_round_equals_its_definition_on_random_chunks():
     rng = np.random.default_rng(31)
     moved = 0
@@ -126,6 +128,7 @@ def test_shortfall_round_equals_its_definition_on_random_chunks():
     assert moved > 120
 
 
+@pytest.mark.slow
 def test_shortfall_round_equals_its_definition_in_the_simulations_rounds():
     """The counts `simulate --calibration` meets on steep: a closed chunk of four strata from its
     first round to its stop."""
@@ -165,6 +168,7 @@ def test_labels_to_reach_refuses_proportions_above_one_where_labels_are():
         streams.labels_to_reach([10.0, 10.0], [2.0, 2.0], [1.0, 1.0], 0.02, 0.95, p=[0.5, 1.5])
 
 
+@pytest.mark.slow
 def test_shortfall_round_with_a_target_equals_its_definition():
     """Recall, F1 and accuracy keep the generic search (`chunk_interval` with the target); a
     precision-only `Target` takes the inline one."""

@@ -47,6 +47,7 @@ def test_strata_on_both_sides_keep_positive_ids_first():
     assert only_precision.positive.all() and only_precision.N.sum() == pop.predicted_positive.sum()
 
 
+@pytest.mark.slow
 def test_simulate_recall_json_and_savings_on_rare_positives(capsys):
     doc = run_json(capsys, "--metric", "recall", "--builtin", "fraud-rare", "--runs", "200", "--delta", "0.05")
     assert doc["metric"] == "recall" and doc["population"] == "fraud-rare"
@@ -57,6 +58,7 @@ def test_simulate_recall_json_and_savings_on_rare_positives(capsys):
     assert default["ci_coverage"] > 0.9 and default["change_vs_random"] < -50
 
 
+@pytest.mark.slow
 def test_simulate_every_method_and_stratification_side_by_side(capsys):
     doc = run_json(capsys, "--metric", "f1", "--builtin", "balanced", "--runs", "20", "--delta", "0.1",
                    "--methods", "opt_track,opt,opt_conf,opt_a2,pps,uni", "--stratifications", "perc,equal",
@@ -78,6 +80,7 @@ def test_margin_strata_hand_case():
     assert prepare_whole(pop, WholeDesign(strata=2, margin=True), ["accuracy"]).N.tolist() == [2, 2]
 
 
+@pytest.mark.slow
 def test_simulate_accuracy_with_margin_strata_beside_the_two_sided_design(capsys):
     doc = run_json(capsys, "--metric", "accuracy", "--builtin", "svm-two-sided", "--runs", "40", "--delta", "0.05",
                    "--margin-strata", "--methods", "opt_track,opt_a1")
@@ -96,6 +99,7 @@ def test_simulate_multiclass_accuracy_from_a_file_without_threshold(tmp_path, ca
     assert doc["threshold"] is None and doc["truth"] == pytest.approx(right.mean())
 
 
+@pytest.mark.slow
 def test_precision_on_a_whole_stream_population_is_todays_study(capsys):
     doc = run_json(capsys, "--builtin", "moderation", "--runs", "20", "--delta", "0.1")
     assert doc["truth"] == pytest.approx(whole_builtin("moderation").truth("precision"))
@@ -107,7 +111,8 @@ def test_precision_on_a_whole_stream_population_is_todays_study(capsys):
     (["--metric", "f1", "--builtin", "multiclass-confidence"], "not defined"),
     (["--metric", "recall", "--stream", "--scenario", "drift"], "--scenario drift"),
     (["--metric", "recall", "--stream", "--negative-stratifications", "perc"], "--negative-stratifications"),
-    (["--metric", "recall", "--budget", "50"], "--budget"),
+    (["--metric", "recall", "--budget", "50,x"], "--budget"),
+    (["--metric", "recall", "--budget", "1"], "--budget"),
     (["--metric", "recall", "--negative-strata", "0"], "--negative-strata"),
     (["--metric", "recall", "--negative-stratifications", "bogus"], "--negative-stratifications"),
     (["--metric", "recall", "--builtin", "moderation", "--threshold", "0.3"], "--threshold"),
@@ -118,6 +123,7 @@ def test_precision_on_a_whole_stream_population_is_todays_study(capsys):
     (["--metric", "recall", "--scenario", "slow"], "--scenario"),
 ])
 def test_simulate_metric_errors_name_the_option(args, option, capsys):
+    """(`--budget` applies to every metric since issue 47: a wrong list is the error now.)"""
     assert main(["simulate", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("stratameter simulate: error:") and option in err, err
@@ -130,6 +136,7 @@ def test_population_file_needs_a_threshold_for_recall(tmp_path, capsys):
     assert "--threshold" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_simulate_stream_with_a_metric_runs_the_stream_design_on_the_whole_stream(capsys):
     assert main(["simulate", "--metric", "recall", "--builtin", "moderation", "--stream", "--scenario", "burst",
                  "--delta", "0.05", "--runs", "40", "--rate", "5", "--json", "--workers", "1"]) == 0
@@ -155,3 +162,18 @@ def test_stream_chunks_have_strata_on_both_sides():
     assert np.array_equal(c.stratum[real] < 4, pred[real])
     with pytest.raises(ValueError, match="drift"):
         draw(pop, SCENARIOS["drift"], StreamSettings(metric="recall"), 2, np.random.default_rng(0))
+
+
+def test_simulate_metric_budget_mode(capsys):
+    """`--metric recall --budget 300,600`: per budget, random then the default design, the MSE over
+    the linearised metric's simple-random-sampling variance (`WholeStream.srs_variance`)."""
+    doc = run_json(capsys, "--metric", "recall", "--builtin", "moderation", "--runs", "40", "--budget", "600,300")
+    assert doc["budget"] == [300, 600]
+    pop = whole_builtin("moderation")
+    rows = doc["methods"]
+    assert [(r["method"], r["budget"]) for r in rows] == [("random", 300), ("opt_track", 300), ("random", 600),
+                                                           ("opt_track", 600)]
+    for r in rows:
+        assert r["srs_variance"] == pytest.approx(pop.srs_variance("recall", r["budget"]))
+        assert r["mse_ratio_vs_srs"] == pytest.approx(r["mse"] / r["srs_variance"])
+        assert 0 <= r["ci_coverage"] <= 1 and r["no_estimate"] == 0.0

@@ -106,6 +106,7 @@ def test_ranges():
 # ------------------------------------------------------------------ the loop
 
 
+@pytest.mark.slow
 def test_threshold_sample_is_uniform_over_arrival_time():
     """The sample is exactly every arrived item at or below its stratum's
     final threshold, so items early and late in the chunk are labelled at the
@@ -158,6 +159,7 @@ def test_a_burst_runs_the_fixed_population_design():
     assert r.converged[0] and r.closed[0]
 
 
+@pytest.mark.slow
 def test_streak_moves_only_on_complete_rounds_and_converged_means_within_delta():
     """The T-round rule: evaluated once per completed round (nothing pending,
     more labels than at the last evaluation); a chunk is never reported
@@ -188,11 +190,13 @@ def test_open_chunk_interval_has_no_fpc_and_closed_one_does():
     assert last_open["halfwidth"] == pytest.approx(float(iv.halfwidth))
     final = streams.chunk_interval(r.N, r.n, r.h, 0.95, True)
     no_fpc = streams.chunk_interval(r.N, r.n, r.h, 0.95, False)
-    assert np.array_equal(r.halfwidth, final.halfwidth) and np.array_equal(r.estimate, final.estimate)
+    assert np.array_equal(r.halfwidth, final.halfwidth)
+    assert np.array_equal(r.estimate, final.reading(r.status == "converged"))  # at the stop where converged
     assert np.all(final.halfwidth < no_fpc.halfwidth)
     assert np.array_equal(r.N.sum(axis=1), r.items)  # the closed chunk is the whole chunk
 
 
+@pytest.mark.slow
 def test_budget_is_paced_over_the_hour_and_reported():
     """A burst wanting more labels than a budget of 60 per hour: requests never
     exceed the paced allowance (6 at the top of the hour, then 54 more spread
@@ -220,6 +224,7 @@ def test_budget_is_paced_over_the_hour_and_reported():
     assert np.all(c.u[r.requested] <= r.tau[runs, k][r.requested])
 
 
+@pytest.mark.slow
 def test_skips_and_expiry_leave_the_sample_without_labels():
     s = settings(chunk_seconds=600.0, delta=0.05, skip_rate=0.3, label_timeout=8.0, review_delay=(2.0, 12.0))
     r = stream.run_stream(POP, stream.SCENARIOS["slow"], s, 200, seed=11)

@@ -49,6 +49,7 @@ def _covered(name, delta) -> np.ndarray:
     return (r.lower <= truth) & (truth <= r.upper)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,delta", A_CASES)
 def test_coverage_at_stop(name, delta):
     """The interval at the stop covers the truth in >= 0.93 of the runs of every cell (true values
@@ -58,6 +59,7 @@ def test_coverage_at_stop(name, delta):
     assert cover >= 0.93, cover
 
 
+@pytest.mark.slow
 def test_pooled_coverage_at_stop():
     """Over every cell (32,000 runs, s.e. 0.0012): >= 0.945."""
     cover = np.mean([_covered(name, delta) for name, delta in A_CASES])
@@ -73,6 +75,7 @@ B_CASES = [("calibrated", 0.01), ("flat", 0.01), ("flat", 0.02), ("overconfident
            ("overconfident", 0.02), ("uninformative", 0.01), ("uninformative", 0.02)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,delta", B_CASES)
 def test_labels_vs_oracle(name, delta):
     r = _stop(name, delta)
@@ -80,6 +83,7 @@ def test_labels_vs_oracle(name, delta):
     assert ratio <= 1.05, ratio
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,delta,bound", [("calibrated", 0.02, 1.07), ("svm-margin", 0.01, 1.09),
                                               ("logit-underconfident", 0.01, 1.09)])
 def test_labels_vs_oracle_not_yet_within_5_percent(name, delta, bound):
@@ -96,6 +100,7 @@ def test_labels_vs_oracle_not_yet_within_5_percent(name, delta, bound):
 JEFFREYS_CASES = [(p, d) for p in P.BUILTIN if p != "near-perfect" for d in (0.01, 0.02)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,delta", JEFFREYS_CASES)
 def test_labels_vs_jeffreys_oracle(name, delta):
     r = _stop(name, delta)
@@ -115,6 +120,7 @@ def test_neyman_bar_is_below_the_honest_floor(name, delta):
     assert st.jeffreys_oracle_labels(delta, 0.95) > 1.05 * st.oracle_labels(delta, 0.95)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delta", [0.01, 0.02])
 def test_uninformative_vs_random(delta):
     r = _stop("uninformative", delta)

@@ -142,11 +142,12 @@ def test_ratio_interval_coverage_at_a_fixed_sample_with_rare_false_negatives(met
     assert 0.938 <= cover <= 0.99, (metric, cover, truth)
     # the reported estimate carries the adaptive allocation's bias term, which a fixed sample like
     # this one does not need: it moves the estimate by far less than the half-width (the bias
-    # bar is on the default design's own samples: tests/test_whole_budget.py)
+    # bar is on the default design's own samples: tests/unit/test_whole_budget.py)
     assert abs(np.mean(iv.estimate) - truth) < 0.25 * np.mean(iv.halfwidth)
     assert np.all(iv.upper - iv.lower > 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric,population", [("recall", "moderation"), ("f1", "svm-two-sided"),
                                                ("accuracy", "balanced"), ("recall", "abuse-rare-weak")])
 def test_default_design_coverage_at_stop(metric, population):
@@ -258,6 +259,7 @@ def test_widest_interval_is_the_widest_metric():
     assert np.isnan(t.widest(N4, np.array([10, 1, 10, 10]), h.clip(0, 1), 0.95, False).halfwidth)
 
 
+@pytest.mark.slow
 def test_all_four_metrics_at_once_cover_and_cost_little_more_than_the_hardest():
     """One sample for precision, recall, F1 and accuracy (moderation, delta 0.05, 2000 runs):
     every metric's interval covers at the nominal rate, and the labels are within 25 % of
@@ -280,6 +282,7 @@ def test_all_four_metrics_at_once_cover_and_cost_little_more_than_the_hardest():
     assert r.labels.mean() <= 1.25 * alone.labels.mean()
 
 
+@pytest.mark.slow
 def test_precision_of_both_sides_is_the_chunk_interval_of_the_positives():
     """The API reports precision once (`views.chunk_view` takes the top-level interval from the
     metrics): with or without the negatives' strata after the positives', the metric interval

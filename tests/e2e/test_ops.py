@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "stratameter"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 DASHBOARD = CHART / "dashboards" / "stratameter.json"
