@@ -31,6 +31,7 @@ import pytest
 
 from stratameter.schemas.messages import format_time
 from stratameter.simulate.populations import builtin
+from stratameter.stats import estimator
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration
@@ -151,6 +152,21 @@ def _settled(chunk: dict | None) -> bool:
 FINAL = ("labels", "estimate", "ci_lower", "ci_upper", "status")
 
 
+def _reported_estimate(chunk: dict) -> float:
+    """The estimate a closed chunk reports, from its strata's counts: the stratified estimate with the
+    adaptive allocation's bias term, and the stopping rule's too once converged (not the interval's
+    centre); the difference estimator's where the calibration is active (`calibration.active`), which
+    these counts cannot rebuild: there, the reported interval's own point is checked to lie inside it."""
+    if chunk["calibration"] and chunk["calibration"]["active"]:
+        assert chunk["ci_lower"] <= chunk["estimate"] <= chunk["ci_upper"], chunk
+        return chunk["estimate"]
+    strata = chunk["strata"]
+    iv = estimator.wilson_interval([s["items"] for s in strata], [s["labels"] for s in strata],
+                                   [s["positives"] for s in strata], CONFIDENCE, fpc=True)
+    assert (float(iv.lower), float(iv.upper)) == (pytest.approx(chunk["ci_lower"]), pytest.approx(chunk["ci_upper"]))
+    return float(iv.estimate_at_stop if chunk["status"] == "converged" else iv.estimate)
+
+
 def _halfwidth(doc: dict) -> float:
     return (doc["ci_upper"] - doc["ci_lower"]) / 2
 
@@ -236,6 +252,7 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
             assert chunk["labels"] < len(labels), "a census is no sample"
             assert len(chunk["strata"]) == 4, chunk["strata"]
             checked += 1
+            assert chunk["estimate"] == pytest.approx(_reported_estimate(chunk), abs=1e-12), chunk
             if not chunk["ci_lower"] <= truth <= chunk["ci_upper"]:
                 misses.append((cid, t, truth, chunk["ci_lower"], chunk["ci_upper"]))
             if cid == "drops":  # the late, worse half is in the sample: the interval is far below the first half's 0.95
