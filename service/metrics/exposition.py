@@ -15,6 +15,7 @@ from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
 from ..api.views import classifier_view
+from ..stats.streams import STATUSES
 from .redis_errors import redis_errors_family
 
 #: What the service was doing when Redis failed (`app.probes.Health.redis_failed`; the label of
@@ -78,9 +79,14 @@ class SnapshotCollector:
         labels = CounterMetricFamily("stratameter_labels", "Label records by outcome", labels=["classifier", "outcome"])
         per_stratum = {name: GaugeMetricFamily(name, doc, labels=["classifier", "stratum"])
                        for name, doc in _STRATUM_GAUGES}
+        status = GaugeMetricFamily("stratameter_chunk_status",
+                                   "The reported chunk's status, a state set: 1 for the status it has, 0 for "
+                                   f"the others ({', '.join(STATUSES)})", labels=["classifier", "status"])
         unknown = self.unknown_global
         for v in self.views:
             _add_classifier(v, gauges, counters)
+            for name in STATUSES:
+                status.add_metric([v["classifier_id"], name], float(v["status"] == name))
             unknown += _add_labels(v, labels)
             _add_strata(v["classifier_id"], v["strata"], per_stratum)
         labels.add_metric(["", "unknown"], unknown)
@@ -88,6 +94,7 @@ class SnapshotCollector:
         yield from counters.values()
         yield labels
         yield from per_stratum.values()
+        yield status
         failures = CounterMetricFamily("stratameter_classifier_failures",
                                        "Failures confined to the classifier in this process, by stage: request_loop "
                                        "(it gets no new label requests while they last), metrics (its series are "

@@ -32,6 +32,7 @@ import pytest
 from stratameter.schemas.messages import format_time
 from stratameter.simulate.populations import builtin
 from stratameter.stats import estimator
+from stratameter.stats.streams import STATUSES
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration
@@ -274,3 +275,8 @@ async def test_real_time_streams_are_honest_while_open_and_once_closed(kafka_boo
     budget_line = [line for line in budget_metrics.splitlines()
                    if line.startswith('stratameter_label_budget_remaining{classifier="budget"}')]
     assert budget_line == ['stratameter_label_budget_remaining{classifier="budget"} 0.0'], (budget_line, budget_doc)
+    # the status as a state set: one series a status, 1 for the one the API reports
+    states = {line.split('status="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+              for line in budget_metrics.splitlines()
+              if line.startswith('stratameter_chunk_status{classifier="budget",')}
+    assert states == {s: float(s == budget_doc["status"]) for s in STATUSES}, (states, budget_doc["status"])
