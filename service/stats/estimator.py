@@ -405,7 +405,12 @@ def wilson_score(p, n_eff, z: float, ok, est, se, now=None) -> Interval:
     lower = np.where(ok, np.clip(center - half, 0.0, 1.0), np.nan)
     upper = np.where(ok, np.clip(center + half, 0.0, 1.0), np.nan)
     est = np.asarray(est, dtype=float)
-    return Interval(est if now is None else np.asarray(now, dtype=float), lower, upper, se, est)
+    if now is None:
+        return Interval(est, lower, upper, se, est)
+    # never outside the interval it is reported with: the two estimates differ by the stopping term
+    # only, which can leave `now` a rounding error past a bound where the interval has no width
+    now = np.where(ok, np.clip(np.asarray(now, dtype=float), lower, upper), now)
+    return Interval(now, lower, upper, se, est)
 
 
 def interval(N, n, h, confidence: float = 0.95, method: str = "wilson", fpc: bool = True) -> Interval:

@@ -348,7 +348,7 @@ async def test_demo_with_label_studio_reviewers(tmp_path):
     Studio and bridge, prints the URL and login; the tasks that appear there are labelled (through the
     API here, as the browser test does through the page), the service folds them, and Ctrl-C stops
     every process the demo started."""
-    from tests.test_demo import _alive, _env, _tree
+    from tests.e2e.test_demo import _alive, _env, _tree
 
     marker = uuid.uuid4().hex
     err_path = tmp_path / "demo.err"
