@@ -401,10 +401,11 @@ def test_neyman_oracle_labels_bad_delta(delta):
 
 
 def test_the_reported_estimate_never_leaves_its_interval():
-    """A difference-estimator interval with no width (every pseudo-outcome equal) at 1.0, and the
-    reading without the stopping term a rounding error below it: reported as 1.0, inside."""
-    from stratameter.stats.estimator import wilson_design_effect
+    """An interval with no width at 1.0 (an infinite effective sample) and the reading without the
+    stopping term a rounding error below it (seen in tests/e2e/test_ops.py): reported as 1.0."""
+    from stratameter.stats.estimator import wilson_score
 
-    iv = wilson_design_effect(np.asarray(1.0), np.asarray(0.0), 120, Z95, np.asarray(0.9999999999999999))
+    iv = wilson_score(np.asarray(1.0), np.asarray(np.inf), Z95, np.asarray(True), np.asarray(1.0),
+                      np.asarray(0.0), np.asarray(0.9999999999999999))
     assert float(iv.lower) == float(iv.upper) == 1.0
     assert float(iv.estimate) == 1.0 and float(iv.estimate_at_stop) == 1.0
