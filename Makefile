@@ -48,7 +48,7 @@ $(LS_STAMP): service/demo/label_studio.py
 	@touch $(LS_STAMP)
 
 test: venv label-studio
-	$(VENV)/bin/python -m pytest -q -n auto
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadgroup
 
 test-unit: venv
 	$(VENV)/bin/python -m pytest -q -n auto -m "unit and not slow and not integration and not system" tests/unit

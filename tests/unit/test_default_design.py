@@ -18,6 +18,9 @@ from stratameter.simulate import budget, engine
 from stratameter.simulate import populations as P
 
 RUNS = 2000
+#: The cells' runs are cached per process (`_stop`): one xdist worker takes the whole module
+#: (`make test` runs `--dist loadgroup`), so no cell is simulated twice.
+pytestmark = pytest.mark.xdist_group("default_design")
 DESIGN = engine.Design()
 _ST = {}
 
