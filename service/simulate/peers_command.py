@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from .budget import parse_budgets
 from .populations import BUILTIN, builtin, load
 
 MISSING_EXTRA = "stratameter peers needs the [peers] extra: pip install 'stratameter[peers]'"
@@ -53,16 +54,6 @@ def _population(args):
     return pop
 
 
-def _budgets(text: str) -> list[int]:
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        values = []
-    if not values or values[0] < 2:
-        raise ValueError(f"--budget takes label counts >= 2 separated by commas, got {text!r}")
-    return values
-
-
 def main(args) -> int:
     try:
         import ppi_py  # noqa: F401  (only to tell a missing extra from a failure later)
@@ -72,7 +63,9 @@ def main(args) -> int:
     from . import peers
 
     try:
-        budgets = _budgets(args.budget)
+        budgets = parse_budgets(args.budget)
+        if budgets[0] < 2:
+            raise ValueError(f"--budget takes label counts >= 2, got {args.budget!r}")
         if args.runs < 2:
             raise ValueError("--runs must be >= 2")
         pop = _population(args)
