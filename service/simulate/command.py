@@ -17,7 +17,7 @@ from . import stream_command
 from .arrivals import SCENARIOS
 from .engine import Protocol
 from .options import STATIC_DELTA, STREAM_DELTA, check_common, check_stream, parse_list
-from .populations import BUILTIN, builtin, load
+from .populations import BUILTIN, above, builtin, load
 from .whole_populations import WHOLE_BUILTIN, whole_builtin
 from .budget import budget_table
 from .study import (StudyRequest, as_json, designs_for, pct_text, run_study, srs_normal_labels, summarise,
@@ -186,10 +186,7 @@ def main(args) -> int:
         else:
             pop = builtin(name)
         if args.threshold is not None and not args.population:
-            keep = pop.scores >= args.threshold
-            pop = type(pop)(pop.name, pop.scores[keep], pop.labels[keep], pop.description, pop.informative)
-            if pop.size < 2:
-                raise ValueError(f"--threshold {args.threshold} leaves {pop.size} predicted positives; need at least 2")
+            pop = above(pop, args.threshold)
         designs = designs_for(parse_list(args.methods, ALLOCATIONS, "--methods"),
                               parse_list(args.stratifications, STRATIFICATIONS, "--stratifications"),
                               args.strata)

@@ -9,7 +9,7 @@ import json
 import sys
 
 from .budget import parse_budgets
-from .populations import BUILTIN, builtin, load
+from .populations import BUILTIN, above, builtin, load
 
 MISSING_EXTRA = "stratameter peers needs the [peers] extra: pip install 'stratameter[peers]'"
 
@@ -46,12 +46,7 @@ def _population(args):
     if args.population:
         return load(args.population, args.threshold)
     pop = builtin(args.builtin or "calibrated")
-    if args.threshold is not None:
-        keep = pop.scores >= args.threshold
-        pop = type(pop)(pop.name, pop.scores[keep], pop.labels[keep], pop.description, pop.informative)
-        if pop.size < 2:
-            raise ValueError(f"--threshold {args.threshold} leaves {pop.size} predicted positives; need at least 2")
-    return pop
+    return pop if args.threshold is None else above(pop, args.threshold)
 
 
 def main(args) -> int:

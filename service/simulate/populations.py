@@ -105,6 +105,16 @@ def builtin(name: str, size: int = POPULATION_SIZE, seed: int = 20100726) -> Pop
     return Population(name, np.asarray(scores, float), labels, description, informative)
 
 
+def above(pop: Population, threshold: float) -> Population:
+    """The items of `pop` scored at or above `threshold` (its predicted positives at that threshold);
+    a ValueError naming ``--threshold`` when fewer than 2 remain."""
+    keep = pop.scores >= threshold
+    kept = Population(pop.name, pop.scores[keep], pop.labels[keep], pop.description, pop.informative)
+    if kept.size < 2:
+        raise ValueError(f"--threshold {threshold} leaves {kept.size} predicted positives; need at least 2")
+    return kept
+
+
 def load(path: str | Path, threshold: float | None = None) -> Population:
     """Read ``score,label`` rows from CSV or JSONL (by extension; ``.json`` too).
 
