@@ -136,6 +136,8 @@ def _interval_doc(iv: Interval | None, stopped: bool = False) -> dict:
         return dict(NO_INTERVAL)
     ok = np.isfinite(iv.lower) and np.isfinite(iv.upper)
     estimate = iv.estimate_at_stop if stopped else iv.estimate
+    if ok:  # never outside the interval it is reported with (a rounding error past a widthless one)
+        estimate = np.clip(estimate, iv.lower, iv.upper)
     return {"estimate": _num(estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
             "ci_upper": _num(iv.upper) if ok else None, "stderr": _num(iv.stderr) if ok else None}
 
