@@ -10,10 +10,12 @@ import numpy as np
 
 from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 
+from ..chunks import lifecycle
+from ..chunks.lifecycle import chunk_closed
+from ..chunks.report import StrataColumns, chunk_report
 from ..labels.calibrated import calibration_doc, chunk_calibrations
 from ..state.keys import first_negative_stratum, negatives_of
 from ..state.store import ChunkState, Store
-from ..stats import confusion, streams
 from ..stats.confusion import needs_negatives
 from ..stats.difference import Calibrated
 from ..stats.estimator import Interval
@@ -30,7 +32,7 @@ def _num(x) -> float | None:
 
 def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None = None,
                calibration: dict[str, Calibrated] | None = None, negatives_complete: bool | None = None,
-               complete: bool = True) -> dict:
+               complete: bool = True, sampled: bool = True) -> dict:
     """Figures of one chunk.  The estimate and interval stay null until every
     non-empty stratum has the two labels an honest variance needs.  An open
     chunk's interval has no finite population correction (its population is
@@ -47,37 +49,23 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
 
     `negatives_complete` (None when the classifier's metrics need no predicted negatives): False
     when some of the chunk's predicted negatives never reached their state
-    (`streams.counted_whole`); every metric that needs them is then null.  Not `complete` (some
+    (`lifecycle.counted_whole`); every metric that needs them is then null.  Not `complete` (some
     of its records were counted in a state Redis lost, `app.state_watch`): every metric is null."""
-    chunk_seconds = cfg.chunk_seconds
-    closed = is_closed(cs.chunk, cfg, now_s)
-    metric_names = cfg.metrics.split(",")
+    closed = chunk_closed(cs.chunk, cfg, now_s)
     negatives_from = first_negative_stratum(cfg.strata, cs.strata)  # `_lead`'s empty chunk has cfg.strata
     sides = [(cs, 0, "positive")] + ([(negatives, negatives_from, "negative")] if negatives is not None else [])
     if cs.N.sum() == 0 and negatives is not None:
         sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]
-    columns = _columns(sides)
-    intervals = _metrics(columns, metric_names, cfg.confidence, closed)
-    active = {m: c.interval for m, c in (calibration or {}).items() if c.active}
-    intervals.update({m: iv for m, iv in active.items() if m in intervals})
-    if negatives_complete is False or not complete:
-        intervals.update({m: None for m in intervals if needs_negatives([m]) or not complete})
-    if not complete:
-        top = None
-    elif "precision" in active:
-        top = active["precision"]
-    elif "precision" in intervals:  # the same interval (tests/unit/test_confusion.py): not computed twice
-        top = intervals["precision"]
-    else:
-        top = _metrics(_columns([(cs, 0, "positive")]), ["precision"], cfg.confidence, closed)["precision"]
-    status = _status(cs if cs.N.sum() else negatives, _populated(
-        {m: _interval_doc(iv) for m, iv in intervals.items()}, columns), cfg.delta, closed)
+    report = chunk_report(_columns(sides), cfg.metrics.split(","), cfg.confidence, closed, calibration,
+                          negatives_complete, complete)
+    lead = cs if cs.N.sum() else negatives
+    status = report.status(lead.status, lead.status_closed, cfg.delta, sampled)
     # a converged chunk is read where the stopping rule stopped: its estimate carries the rule's term
-    metrics = {m: _interval_doc(iv, status == "converged") for m, iv in intervals.items()}
-    top = _interval_doc(top, status == "converged")
+    metrics = {m: _interval_doc(iv, status == "converged") for m, iv in report.intervals.items()}
+    top = _interval_doc(report.precision, status == "converged")
     return {
-        "chunk": {"start": _iso(cs.chunk * chunk_seconds), "end": _iso((cs.chunk + 1) * chunk_seconds)},
+        "chunk": {"start": _iso(cs.chunk * cfg.chunk_seconds), "end": _iso((cs.chunk + 1) * cfg.chunk_seconds)},
         "estimate": top["estimate"],
         "ci_lower": top["ci_lower"],
         "ci_upper": top["ci_upper"],
@@ -95,11 +83,6 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     }
 
 
-def is_closed(t: int, cfg, now_s: float) -> bool:
-    """Whether chunk `t` has closed (its end and the allowed lateness have passed)."""
-    return bool(streams.is_closed(now_s, (t + 1) * cfg.chunk_seconds, _lateness(cfg)))
-
-
 def _strata(cs: ChunkState, first: int, side: str) -> list[dict]:
     """The listing of one side's strata (stratum ids from `first`)."""
     lower_edges = np.concatenate([[cs.min], cs.cuts])
@@ -111,18 +94,10 @@ def _strata(cs: ChunkState, first: int, side: str) -> list[dict]:
     } for k in range(cs.strata)]
 
 
-def _columns(sides: list) -> tuple[np.ndarray, ...]:
-    """N, n, h and the predicted side (True: positive) of every stratum of `sides`, in order."""
+def _columns(sides: list) -> StrataColumns:
+    """The strata of `sides` ((chunk state, first stratum id, side name)), in order."""
     N, n, h = (np.concatenate([getattr(side, c) for side, _, _ in sides]) for c in ("N", "n", "h"))
-    return N, n, h, np.concatenate([np.full(side.strata, name == "positive") for side, _, name in sides])
-
-
-def _metrics(columns: tuple, names: list[str], confidence: float, closed: bool) -> dict[str, Interval]:
-    """``{metric: Interval}`` over the strata's `columns` (`_columns`): NaN until every non-empty
-    stratum has two labels, and for a metric with no population (precision with no predicted
-    positive)."""
-    N, n, h, positive = columns
-    return {m: confusion.metric_interval(m, N, n, h, positive, confidence, fpc=closed) for m in names}
+    return StrataColumns(N, n, h, np.concatenate([np.full(side.strata, name == "positive") for side, _, name in sides]))
 
 
 #: A metric's document while it has no interval.
@@ -140,31 +115,6 @@ def _interval_doc(iv: Interval | None, stopped: bool = False) -> dict:
         estimate = np.clip(estimate, iv.lower, iv.upper)
     return {"estimate": _num(estimate) if ok else None, "ci_lower": _num(iv.lower) if ok else None,
             "ci_upper": _num(iv.upper) if ok else None, "stderr": _num(iv.stderr) if ok else None}
-
-
-def _lateness(cfg) -> float:
-    return float(getattr(cfg, "allowed_lateness_seconds", 300))
-
-
-def _populated(metrics: dict, columns: tuple) -> dict:
-    """Those of `metrics` that have a population in the strata's `columns` (`confusion.population`):
-    the ones the loop's stopping rule looks at (`confusion.Target.widest`)."""
-    N, _, _, positive = columns
-    return {m: doc for m, doc in metrics.items() if confusion.population(m, N, positive) > 0}
-
-
-def _status(lead: ChunkState, metrics: dict, delta: float, closed: bool) -> str:
-    """The loop's status, but never `converged` while an enabled metric's interval is wider than
-    delta (the loop may not have run since the population grew or the chunk closed), nor for a
-    closed chunk before the loop has judged it closed (its sample may still lack the answers of
-    the latest arrivals, `streams.chunk_status`)."""
-    if lead.status != "converged":
-        return lead.status
-    if closed and not lead.status_closed:
-        return "open"
-    narrow = all(m["ci_lower"] is not None and (m["ci_upper"] - m["ci_lower"]) / 2 <= delta
-                 for m in metrics.values())
-    return "converged" if narrow else "open"
 
 
 def reported_chunk(chunks: list[dict], starts: list[float], now_s: float) -> dict | None:
@@ -197,20 +147,19 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     # precision too where it is not enabled: the top-level fields describe it
     wanted_metrics = tuple(dict.fromkeys(["precision", *cfg.metrics.split(",")]))
     unpaired = summary["meta"].get("unpaired_through_ms")
-    complete = {t: streams.counted_whole(t, cfg.chunk_seconds, None if unpaired is None else int(unpaired))
+    complete = {t: lifecycle.counted_whole(t, cfg.chunk_seconds, None if unpaired is None else int(unpaired))
                 if other else None for t in ids}
-    whole = {t: streams.counted_whole(t, cfg.chunk_seconds, store.lost_through_ms) for t in ids}
+    whole = {t: lifecycle.counted_whole(t, cfg.chunk_seconds, store.lost_through_ms) for t in ids}
     calibrations = {}
     for t in ids[-cfg.chunk_retention:]:  # older: no histogram kept
         if t in found[0] and whole[t]:
             by_side, metrics = _calibrated(t, cid, sides, found, wanted_metrics, complete[t])
-            calibrations[t] = await chunk_calibrations(store, by_side, cfg, is_closed(t, cfg, now_s), metrics)
+            calibrations[t] = await chunk_calibrations(store, by_side, cfg, chunk_closed(t, cfg, now_s), metrics)
+    sampled = set(lifecycle.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s, cfg.chunk_retention))
     chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
-                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t), complete[t], whole[t])
+                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t), complete[t], whole[t],
+                         t in sampled)
               for t in ids]
-    sampled = set(streams.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s, cfg.chunk_retention))
-    for t, chunk in zip(ids, chunks):
-        chunk["status"] = streams.final_status(chunk["status"], chunk["closed"], t in sampled)
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in ids], now_s)
     for o in other:  # the negatives' requests and answers count as the classifier's
         summary["pending"] += o["pending"]
@@ -238,7 +187,7 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
                                      "negatives_complete", "complete", "calibration")})
     issued = summary["issued"] + sum(o["issued"] for o in other)
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
-    doc["label_budget_remaining"] = max(0, int(streams.budget_allowance(cfg.max_labels_per_hour,
+    doc["label_budget_remaining"] = max(0, int(lifecycle.budget_allowance(cfg.max_labels_per_hour,
                                                                         int(now_s) % 3600)) - issued)
     doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc

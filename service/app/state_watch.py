@@ -11,7 +11,7 @@ describe part of a chunk as if it were all of it.  The loss is seen two ways:
 
 Either notes ``lost_through_ms`` (`Store.note_state_lost`): the latest event time a record counted
 before the loss can have (now, plus the accepted clock skew).  A chunk starting at or before it
-is not counted whole (`stats.streams.counted_whole`): never sampled, its estimates null, and the
+is not counted whole (`chunks.lifecycle.counted_whole`): never sampled, its estimates null, and the
 API says ``complete: false``; later chunks are whole again.  The mark is kept on the store for the
 request loop and the views (``Store.lost_through_ms``), refreshed from Redis with every probe, so
 every replica follows the one that saw the loss.  Each loss this process sees is logged as an

@@ -1,6 +1,6 @@
 """`stratameter bench --loop-pass`: what one pass of the request loop costs per classifier when
 reviewers are slow, so that closed chunks older than the newest two still wait for their answers
-(`streams.sampled_chunks`).  No Kafka: the classifiers' state is ingested straight into Redis
+(`chunks.lifecycle.sampled_chunks`).  No Kafka: the classifiers' state is ingested straight into Redis
 (`ScoreIngestor`), requests are published nowhere and never answered.  Measured in the same run
 with no older chunk (the newest two only), the floor a pass cannot go below."""
 

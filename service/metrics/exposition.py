@@ -15,7 +15,7 @@ from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
 from ..api.views import classifier_view
-from ..stats.streams import STATUSES
+from ..chunks.lifecycle import STATUSES
 from .redis_errors import redis_errors_family
 
 #: What the service was doing when Redis failed (`app.probes.Health.redis_failed`; the label of

@@ -23,7 +23,7 @@ clock hour), for every run at once (arrays are (runs, strata)):
    round wants labels from;
 4. every arrived, unrequested item at or below its stratum's threshold is
    requested, the lowest priority relative to its threshold first, as far as
-   `streams.budget_allowance` minus this clock hour's requests allows.
+   `lifecycle.budget_allowance` minus this clock hour's requests allows.
 
 A run's chunk gets its strata (`strata.boundaries` on the histogram of its
 first `ingestor.provisional_cap` arrivals) when that many items have arrived;
@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..chunks import lifecycle
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import resolve_kind
 from ..stats.difference import Calibrated, Labelled, StratumGrid, calibrated_interval, feature
@@ -104,7 +105,7 @@ class StreamResult:
     halfwidth: np.ndarray
     converged: np.ndarray  # bool
     closed: np.ndarray  # bool (every run stops closed)
-    status: np.ndarray  # str, `streams.chunk_status` at stop
+    status: np.ndarray  # str, `lifecycle.chunk_status` at stop
     capped: np.ndarray  # bool: stopped by the time cap
     stop_seconds: np.ndarray
     truth: np.ndarray
@@ -255,7 +256,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             ptr = new_ptr
         if gauge is not None:
             gauge.at(now, active, N, n, h, calibrate_gauge)
-        closed = bool(streams.is_closed(now, end, s.lateness))
+        closed = bool(lifecycle.is_closed(now, end, s.lateness))
         capped = now >= cap_t
         if budget is not None and int(now // 3600) != hour:
             hour = int(now // 3600)
@@ -341,7 +342,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             go = np.ones(due.size, dtype=bool)
             blocked = np.zeros(R, dtype=bool)
             if budget is not None:  # 3. the paced hourly allowance minus this clock hour's requests
-                allowed = np.maximum(0, streams.budget_allowance(budget, now % 3600) - issued_hour)
+                allowed = np.maximum(0, lifecycle.budget_allowance(budget, now % 3600) - issued_hour)
                 blocked = n_due > allowed
                 if blocked.any():
                     where = np.full(R, -1, dtype=np.int64)
@@ -392,7 +393,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             nothing_left = (left == 0) & complete
             finished = ready & (converged | nothing_left)
             done = closed & (finished | capped)
-            status = streams.chunk_status(st, hw, s.delta, s.stop_rounds, closed, nothing_left, blocked[rows], complete)
+            status = lifecycle.chunk_status(st, hw, s.delta, s.stop_rounds, closed, nothing_left, blocked[rows], complete)
             status_now[rows] = status
             if trace_runs:
                 for i in np.flatnonzero(rows < trace_runs):

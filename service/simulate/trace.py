@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..chunks import lifecycle
 from ..stats import streams
 from ..stats.confusion import metric_interval, value
 
@@ -100,7 +101,7 @@ class GaugeRecorder:
         cache: dict[bool, tuple] = {}
         while self._next() < now - 1e-9:
             t = self._next()
-            closed = bool(streams.is_closed(t, self.end, self.lateness))
+            closed = bool(lifecycle.is_closed(t, self.end, self.lateness))
             if closed not in cache:
                 cache[closed] = self._reading(t, closed, active, N, n, h, calibrate)
             self.times.append(t)
@@ -111,7 +112,7 @@ class GaugeRecorder:
         t = self._next()
         if abs(t - now) <= 1e-9:
             self.times.append(t)
-            self.columns.append(self._reading(t, bool(streams.is_closed(t, self.end, self.lateness)), active,
+            self.columns.append(self._reading(t, bool(lifecycle.is_closed(t, self.end, self.lateness)), active,
                                               N, n, h, calibrate))
 
     def _reading(self, t: float, closed: bool, active, N, n, h, calibrate) -> tuple[np.ndarray, ...]:

@@ -33,7 +33,7 @@ class Reads:
         return noted is not None, None if lost is None else int(lost), None if started is None else int(started)
 
     async def unpaired_through(self, cid: str) -> int | None:
-        """The classifier's ``unpaired_through_ms`` (INGEST, `stats.streams.counted_whole`):
+        """The classifier's ``unpaired_through_ms`` (INGEST, `chunks.lifecycle.counted_whole`):
         None while it has counted no record its predicted negatives' state did not get."""
         raw = await self.redis.hget(self.keys.meta(cid), "unpaired_through_ms")
         return None if raw is None else int(raw)

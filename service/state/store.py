@@ -440,7 +440,7 @@ class Store(Reads, ScriptCalls):
 
     async def note_state_lost(self, through_ms: int, chunk_seconds: int, now_ms: int) -> int:
         """Note that the records of event times up to `through_ms` were counted in a state Redis
-        lost (``settings`` ``lost_through_ms``, `stats.streams.counted_whole`), and the settings
+        lost (``settings`` ``lost_through_ms``, `chunks.lifecycle.counted_whole`), and the settings
         a start notes, so the loss is seen once (the first topics as this process knows them: the
         offsets written since are under their fields, `app.batch.BatchHandler.offset_field`).  Returns
         the ``started_ms`` noted (this one, or another replica's)."""

@@ -14,13 +14,14 @@ import time
 import numpy as np
 import pytest
 
+from stratameter.chunks import lifecycle
 from stratameter.api.views import classifier_view
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.requests.loop import RequestLoop
 from stratameter.schemas.messages import format_time
 from stratameter.state.store import Store
-from stratameter.stats import streams
+
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +30,10 @@ CHUNK_S = 60
 
 def test_a_closed_chunk_converges_only_with_its_sample_complete():
     # streak, half-width, delta, T, closed, nothing left, budget blocked, complete
-    assert streams.chunk_status(2, 0.01, 0.02, 2, False, False, False, False) == "converged"  # open: the items so far
-    assert streams.chunk_status(2, 0.01, 0.02, 2, True, False, False, False) == "open"
-    assert streams.chunk_status(2, 0.01, 0.02, 2, True, False, False, True) == "converged"
-    assert streams.chunk_status(2, 0.01, 0.02, 2, True, False, True, False) == "waiting_for_budget"
+    assert lifecycle.chunk_status(2, 0.01, 0.02, 2, False, False, False, False) == "converged"  # open: the items so far
+    assert lifecycle.chunk_status(2, 0.01, 0.02, 2, True, False, False, False) == "open"
+    assert lifecycle.chunk_status(2, 0.01, 0.02, 2, True, False, False, True) == "converged"
+    assert lifecycle.chunk_status(2, 0.01, 0.02, 2, True, False, True, False) == "waiting_for_budget"
 
 
 class Classifier:

@@ -69,6 +69,7 @@ async def test_the_process_caches_keep_open_chunks_only(redis_url, unique_name):
     ingestor keeps the cuts of open chunks (the batch handler tells it the oldest open one),
     the request loop what it looked at in the chunks it steps."""
     from stratameter.requests.loop import RequestLoop
+    from stratameter.requests.memory import Prior
 
     settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_CHUNK_SECONDS": "1"})
     redis = Redis.from_url(redis_url)
@@ -86,15 +87,18 @@ async def test_the_process_caches_keep_open_chunks_only(redis_url, unique_name):
                                     ("d", 1_700_000_029)]
     assert all(t >= 1_700_000_028 for _, t in ingest._cutoffs)
     loop = RequestLoop(store, settings, publish=None)
-    loop._seen["c"] = {t: () for t in range(30)}
-    loop._priors["c~negatives"] = {t: (1.0, np.ones(1)) for t in range(30)}
-    loop._forget_inactive("c", [("c", True), ("c~negatives", False)], [28, 29])
-    assert list(loop._seen["c"]) == [28, 29] and list(loop._priors["c~negatives"]) == [28, 29]
-    # a classifier whose lease went elsewhere is forgotten whole (both sides)
-    loop._seen["d"], loop._request_chunks["d~negatives"], loop._finished["d"] = {29: ()}, {"d~negatives/x": 29}, {27}
+    memory = loop._remember("c")
+    memory.seen.update({t: () for t in range(30)})
+    memory.priors["c~negatives"] = {t: Prior(1.0, np.ones(1)) for t in range(30)}
+    memory.unjudged.update(range(30))
+    memory.keep_chunks([28, 29])
+    assert list(memory.seen) == [28, 29] and list(memory.priors["c~negatives"]) == [28, 29]
+    assert memory.unjudged == {28, 29}
+    # a classifier whose lease went elsewhere is forgotten whole (both sides): one object a classifier
+    other = loop._remember("d")
+    other.seen[29], other.request_chunks["d~negatives"], other.finished = (), {"d~negatives/x": 29}, {27}
     loop.forget_unowned({"c"})
-    assert set(loop._seen) == {"c"} and set(loop._priors) == {"c", "c~negatives"}
-    assert not loop._request_chunks and not loop._finished
+    assert set(loop._memory) == {"c"} and loop._memory["c"] is memory
     await redis.aclose()
 
 

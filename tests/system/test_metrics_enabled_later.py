@@ -1,6 +1,6 @@
 """Recall, F1 or accuracy enabled on a classifier that was measured for precision alone: the
 chunk under way at the switch has only part of its predicted negatives in their state, so the
-metrics that need them are not estimated for it (`stats.streams.counted_whole`), its
+metrics that need them are not estimated for it (`chunks.lifecycle.counted_whole`), its
 negatives are not sampled, and the chunks after the switch get all four metrics."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state.keys import negatives_of
 from stratameter.state.store import Store
-from stratameter.stats.streams import counted_whole
+from stratameter.chunks.lifecycle import counted_whole
 from tests.harness import run_until, service_env, service_topics
 
 pytestmark = pytest.mark.integration

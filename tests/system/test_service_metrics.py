@@ -113,50 +113,6 @@ async def test_multiclass_accuracy_recipe(kafka_bootstrap, redis_url, unique_nam
     assert all(s["side"] == "positive" for s in doc["strata"]) and doc["population"] == 2000
 
 
-def test_a_provisional_side_is_held_beside_a_final_one():
-    """A chunk with one side too small for strata yet: the other side is sampled, the provisional
-    one stepped beside it held (`_due_by_side` never samples it); while the negatives are
-    provisional and precision is enabled, the positives alone (the precision design).  Nothing
-    while no side is final."""
-    from types import SimpleNamespace
-
-    from stratameter.requests.loop import Side, _sampled_sides
-
-    def side(provisional, first):
-        cs = None if provisional is None else SimpleNamespace(provisional=provisional)
-        return Side("c" if first == 0 else "c~negatives", cs, None, first, 0)
-
-    cfg = SimpleNamespace(metrics="precision,recall")
-    both = [side(False, 0), side(False, 4)]
-    assert _sampled_sides(both, cfg) == both
-    assert [s.state_id for s in _sampled_sides([side(False, 0), side(True, 4)], cfg)] == ["c"]
-    held_positives = [side(True, 0), side(False, 4)]
-    assert _sampled_sides(held_positives, cfg) == held_positives
-    held_negatives = [side(False, 0), side(True, 4)]
-    assert _sampled_sides(held_negatives, SimpleNamespace(metrics="recall")) == held_negatives
-    assert _sampled_sides([side(True, 0), side(True, 4)], cfg) == []
-    assert _sampled_sides([side(None, 0), side(True, 4)], cfg) == []
-    assert _sampled_sides([side(True, 0), side(None, 4)], cfg) == []
-    assert _sampled_sides([side(True, 0)], SimpleNamespace(metrics="precision")) == []
-
-
-def test_the_plan_counts_a_held_side_as_labelled_at_its_prior():
-    """`_held_as_known`, by hand: the held positives' one stratum (20 items, prior 0.75) is planned
-    as 20 labels with 15 positive; the sampled negatives keep their own labels."""
-    from types import SimpleNamespace
-
-    from stratameter.requests.loop import Side, _held_as_known
-
-    held = Side("c", SimpleNamespace(provisional=True, strata=1), None, 0, 0)
-    sampled = Side("c~negatives", SimpleNamespace(provisional=False, strata=2), None, 1, 0)
-    N, n, h, q = np.array([20.0, 300, 200]), np.array([0.0, 8, 6]), np.array([0.0, 1, 2]), np.array([0.75, 0.01, 0.1])
-    n_plan, h_plan = _held_as_known([held, sampled], N, n, h, q)
-    assert n_plan.tolist() == [20, 8, 6] and h_plan.tolist() == [15, 1, 2]
-    final = Side("c", SimpleNamespace(provisional=False, strata=1), None, 0, 0)
-    as_is = _held_as_known([final, sampled], N, n, h, q)
-    assert as_is[0] is n and as_is[1] is h  # nothing held: the labels as they are
-
-
 async def test_predicted_negatives_before_any_positive_are_sampled_for_recall(kafka_bootstrap, redis_url, unique_name):
     """A whole stream whose chunk gets predicted negatives only for a while (the rare-positive
     classifier of the demo): once they are stratified, the loop samples them for recall while

@@ -29,10 +29,10 @@ from datetime import datetime
 import orjson
 import pytest
 
+from stratameter.chunks.lifecycle import STATUSES
 from stratameter.schemas.messages import format_time
 from stratameter.simulate.populations import builtin
 from stratameter.stats import estimator
-from stratameter.stats.streams import STATUSES
 from tests.harness import Reviewer, running_service, wait_for
 
 pytestmark = pytest.mark.integration
@@ -145,7 +145,7 @@ def start_iso(t: int) -> str:
 
 def _settled(chunk: dict | None) -> bool:
     """A closed chunk the loop is done with.  Also "sloppy"'s: its rounds, slowed by skipped and
-    expired requests, go on after newer chunks have started (`streams.sampled_chunks`)."""
+    expired requests, go on after newer chunks have started (`lifecycle.sampled_chunks`)."""
     return chunk is not None and chunk["closed"] and chunk["status"] in ("converged", "exhausted")
 
 

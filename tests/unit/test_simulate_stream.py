@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stratameter.chunks import lifecycle
 from stratameter.simulate import populations as P
 from stratameter.simulate import arrivals, stream
 from stratameter.stats import allocation, streams
@@ -209,13 +210,13 @@ def test_budget_is_paced_over_the_hour_and_reported():
     tr = [e for e in r.trace if e["run"] == 0]
     hours = {}
     for e in tr:
-        allowed = int(streams.budget_allowance(60, e["t"] % 3600))
+        allowed = int(lifecycle.budget_allowance(60, e["t"] % 3600))
         assert e["issued_hour"] <= allowed
         hours.setdefault(int(e["t"] // 3600), 0)
         hours[int(e["t"] // 3600)] = max(hours[int(e["t"] // 3600)], e["issued_hour"])
     assert hours[0] == 60 and hours[1] == 60  # all it allows, in each clock hour
     early = [e for e in tr if e["t"] < 600]
-    assert max(e["issued_hour"] for e in early) <= int(streams.budget_allowance(60, 600))  # 15, not 60
+    assert max(e["issued_hour"] for e in early) <= int(lifecycle.budget_allowance(60, 600))  # 15, not 60
     assert any(e["status"] == "waiting_for_budget" for e in tr)
     assert r.budget_blocked_steps[0] > 0
     c = r.chunks

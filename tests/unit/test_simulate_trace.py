@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from stratameter.chunks import lifecycle
 from stratameter.simulate import populations as P
 from stratameter.simulate import stream, trace
 from stratameter.stats import streams
@@ -101,7 +102,7 @@ def rebuilt(r, s):
                 got = answered[block] & (lands[block] <= t)
                 N, n, h = count(a <= t), count(got), count(got & (y == 1))
                 iv = streams.chunk_interval(N[None].astype(float), n[None], h[None], s.confidence,
-                                            bool(streams.is_closed(t, s.chunk_seconds, s.lateness)))
+                                            bool(lifecycle.is_closed(t, s.chunk_seconds, s.lateness)))
                 yield run, j, iv, int(n.sum())
 
 

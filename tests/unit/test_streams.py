@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stratameter.chunks import lifecycle
 from stratameter.stats import streams
 from stratameter.stats.estimator import STOPPING_VARIANCE_MARGIN, z_value
 
 
 def test_closed_once_the_end_is_further_in_the_past_than_the_lateness():
-    assert not streams.is_closed(3900 - 1e-6, 3600, 300)
-    assert streams.is_closed(3900, 3600, 300)
-    assert streams.is_closed([100, 4000], 3600, 300).tolist() == [False, True]
+    assert not lifecycle.is_closed(3900 - 1e-6, 3600, 300)
+    assert lifecycle.is_closed(3900, 3600, 300)
+    assert lifecycle.is_closed([100, 4000], 3600, 300).tolist() == [False, True]
 
 
 def test_min_silence_is_30_s_or_a_120th_of_the_chunk():
@@ -127,8 +128,8 @@ def test_open_interval_has_no_fpc_and_never_zero_width():
 
 def test_budget_allowance_accrues_over_the_hour():
     # 50 + 450 * s / 3600, rounded up: the whole budget during the hour's last second
-    assert streams.budget_allowance(500, [0, 1, 1800, 3599, 3600]).tolist() == [50, 51, 275, 500, 500]
-    assert streams.budget_allowance(7, [0, 3600]).tolist() == [1, 7]
+    assert lifecycle.budget_allowance(500, [0, 1, 1800, 3599, 3600]).tolist() == [50, 51, 275, 500, 500]
+    assert lifecycle.budget_allowance(7, [0, 3600]).tolist() == [1, 7]
 
 
 def test_labels_to_reach_inverts_the_closed_interval():
@@ -190,11 +191,11 @@ def test_shortfall_round_is_not_capped_for_recall_or_f1():
 
 
 def test_status():
-    s = streams.chunk_status([2, 1, 2, 0, 0, 3], [0.01, 0.01, 0.03, 0.05, 0.05, 0.01], 0.02, 2,
+    s = lifecycle.chunk_status([2, 1, 2, 0, 0, 3], [0.01, 0.01, 0.03, 0.05, 0.05, 0.01], 0.02, 2,
                              [False, False, False, True, False, True], [False, False, False, True, True, True],
                              [False, False, True, False, False, True])
     assert s.tolist() == ["converged", "open", "waiting_for_budget", "exhausted", "open", "converged"]
-    assert streams.chunk_status(5, float("nan"), 0.02, 2, False, False, False) == "open"
+    assert lifecycle.chunk_status(5, float("nan"), 0.02, 2, False, False, False) == "open"
 
 
 def test_catch_up_takes_a_labelled_stratum_to_most_of_its_target():
@@ -216,21 +217,21 @@ def test_catch_up_leaves_thinly_labelled_strata_to_ordinary_rounds_and_never_exc
 
 def test_the_loop_samples_the_newest_started_chunks_and_the_older_ones_still_kept():
     # chunks of 60 s; at t = 185 s chunk 3 (180-240 s) has started, chunk 4 has not
-    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0) == [2, 3]  # retention 2: the active two
-    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=4) == [1, 2, 3]  # 1..4 kept
-    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=24) == [0, 1, 2, 3]
+    assert lifecycle.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0) == [2, 3]  # retention 2: the active two
+    assert lifecycle.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=4) == [1, 2, 3]  # 1..4 kept
+    assert lifecycle.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=24) == [0, 1, 2, 3]
     # the newest two started are sampled whatever the retention
-    assert streams.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=1) == [2, 3]
-    assert streams.sampled_chunks([3], 60, 185.0) == [3]
-    assert streams.sampled_chunks([4], 60, 185.0) == []
+    assert lifecycle.sampled_chunks([4, 0, 2, 3, 1], 60, 185.0, retention=1) == [2, 3]
+    assert lifecycle.sampled_chunks([3], 60, 185.0) == [3]
+    assert lifecycle.sampled_chunks([4], 60, 185.0) == []
 
 
 def test_a_closed_chunk_the_loop_left_below_target_is_stopped():
-    assert streams.final_status("open", closed=True, sampled=False) == "stopped"
-    assert streams.final_status("waiting_for_budget", closed=True, sampled=False) == "stopped"
+    assert lifecycle.final_status("open", closed=True, sampled=False) == "stopped"
+    assert lifecycle.final_status("waiting_for_budget", closed=True, sampled=False) == "stopped"
     # still sampled, or still open for late records, or done: unchanged
-    assert streams.final_status("open", closed=True, sampled=True) == "open"
-    assert streams.final_status("open", closed=False, sampled=False) == "open"
+    assert lifecycle.final_status("open", closed=True, sampled=True) == "open"
+    assert lifecycle.final_status("open", closed=False, sampled=False) == "open"
     for done in ("converged", "exhausted"):
-        assert streams.final_status(done, closed=True, sampled=False) == done
-    assert "stopped" in streams.STATUSES
+        assert lifecycle.final_status(done, closed=True, sampled=False) == done
+    assert "stopped" in lifecycle.STATUSES
