@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from stratameter.schemas.parse import label_request_bytes
+from stratameter.schemas.outbound import label_request_bytes
 
 from ..labels.calibrated import chunk_calibrations
 from ..stats import allocation, stopping, streams
