@@ -21,7 +21,7 @@ The time rules live in `stratameter.schemas.times` and are re-exported here.
 
 The pydantic models are for documentation, JSON schema, outbound
 serialization and tests.  The consumers' hot path does not build them: it uses
-the batch parsers in `stratameter.schemas.parse`, which apply exactly the rules below
+the batch parsers in `stratameter.schemas.inbound`, which apply exactly the rules below
 (the tests check the two against each other) and report every rejected record
 with one of the `REJECT_REASONS` codes.
 """
@@ -236,7 +236,7 @@ class ScoreRecord(_Message):
     @classmethod
     def _in_window(cls, v: Any, info: ValidationInfo) -> Any:
         """With a validation context ``{"event_time_window": (min_ms, max_ms), "timestamp_ms": ts}``
-        (as `stratameter.schemas.parse.parse_scores` takes them), the event time (`event_time`, else the
+        (as `stratameter.schemas.inbound.parse_scores` takes them), the event time (`event_time`, else the
         record timestamp `ts`) must lie in the window: the service's rule, see `event_time_window`."""
         ctx = info.context or {}
         window = ctx.get("event_time_window")

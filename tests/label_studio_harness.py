@@ -30,7 +30,7 @@ from stratameter.bridge.http import serve
 from stratameter.demo.label_studio import EmbeddedLabelStudio, LabelStudioMissing
 from stratameter.config import load_settings
 from stratameter.embedded import create_topics, find_free_port
-from stratameter.schemas.parse import label_request_bytes
+from stratameter.schemas.outbound import label_request_bytes
 
 @pytest.fixture(scope="session")
 def label_studio() -> Iterator[EmbeddedLabelStudio]:

@@ -14,7 +14,8 @@ import numpy as np
 from aiokafka import TopicPartition
 
 from stratameter.schemas.messages import FOLDED_OUTCOMES, LABEL_OUTCOME_REJECTS
-from stratameter.schemas.parse import ScoreBatch, parse_labels, parse_scores
+from stratameter.schemas.batches import ScoreBatch
+from stratameter.schemas.inbound import parse_labels, parse_scores
 from ..config import Settings
 from ..ingest.admission import ClassifierAdmission
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
@@ -47,7 +48,7 @@ class StagedBatch:
     """A partition batch parsed, and for scores aggregated, but not applied."""
 
     offsets: np.ndarray  # every record's offset
-    batch: object  # the parsed records (schemas.parse)
+    batch: object  # the parsed records (schemas.inbound)
     rejects: list  # (position, reason, detail) of each record to dead-letter
     prepared: PreparedBatch | None  # scores: the INGEST calls
 

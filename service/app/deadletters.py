@@ -10,7 +10,7 @@ import time
 
 from aiokafka import TopicPartition
 
-from stratameter.schemas.parse import dead_letter_record
+from stratameter.schemas.outbound import dead_letter_record
 from .consumer import KafkaClients
 
 

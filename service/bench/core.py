@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from stratameter.schemas.parse import score_record_bytes
+from stratameter.schemas.outbound import score_record_bytes
 from .ingest import service_consume
 
 CHUNK_MS = 3_600_000  # the service's default chunk (STRATAMETER_CHUNK_SECONDS=3600)

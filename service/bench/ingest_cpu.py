@@ -56,7 +56,7 @@ async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: 
     """Apply each half's batches with these metrics on fresh keys: per half, CPU microseconds per
     `records` of this process (``python``) and of Redis (``redis``).  Raises unless Redis counted
     every record applied."""
-    from stratameter.schemas.parse import parse_scores
+    from stratameter.schemas.inbound import parse_scores
 
     from ..config import load_settings
     from ..ingest.ingestor import ScoreIngestor

@@ -110,7 +110,7 @@ async def _round_trips(port: int, kafka: str, topics: dict[str, str], cids: list
                        stream_rate: float, answers: int, timeout_s: float) -> dict:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-    from stratameter.schemas.parse import decode_label_request, label_record_bytes
+    from stratameter.schemas.outbound import decode_label_request, label_record_bytes
 
     producer = AIOKafkaProducer(bootstrap_servers=kafka, enable_idempotence=False, linger_ms=0)
     await producer.start()

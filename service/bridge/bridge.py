@@ -35,7 +35,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from stratameter.schemas.parse import decode_label_request, label_record_bytes
+from stratameter.schemas.outbound import decode_label_request, label_record_bytes
 from stratameter.schemas.times import format_time, rfc3339_to_ms
 
 from ..app.consumer import StartupError, describe, kafka_startup_error, stop_clients

@@ -230,7 +230,8 @@ class Settings(ClientOptions, BaseSettings):
 
     def event_time_window(self, now_ms: int) -> tuple[int, int]:
         """The event times (epoch ms, both ends included) a score is accepted with at wall-clock
-        `now_ms`: the `window` of `stratameter.schemas.parse.parse_scores` (see `stratameter.schemas.messages.event_time_window`)."""
+        `now_ms`: the `window` of `stratameter.schemas.inbound.parse_scores` (see
+        `stratameter.schemas.messages.event_time_window`)."""
         return event_time_window(now_ms, self.chunk_seconds, self.max_event_time_skew_seconds,
                                  self.allowed_lateness_seconds)
 
@@ -239,7 +240,7 @@ class Settings(ClientOptions, BaseSettings):
         return needs_negatives(self.for_classifier(cid).metrics.split(","))
 
     def threshold_for(self, cid: str) -> float:
-        """The decision threshold of `cid` (the `threshold_for` of `stratameter.schemas.parse.parse_scores`)."""
+        """The decision threshold of `cid` (the `threshold_for` of `stratameter.schemas.inbound.parse_scores`)."""
         return self.for_classifier(cid).threshold  # type: ignore[no-any-return]
 
     @property

@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 from pydantic import ValidationError
 
-from stratameter.schemas.parse import decode_label_request, label_record_bytes, score_record_bytes
+from stratameter.schemas.outbound import decode_label_request, label_record_bytes, score_record_bytes
 
 from ..api.client import http_get
 from ..config import ConfigError, load_settings

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Iterable
 
-from stratameter.schemas.parse import decode_label_request, label_record_bytes
+from stratameter.schemas.outbound import decode_label_request, label_record_bytes
 
 from ..app.group import leave_group_on_stop
 from .process import BackendError

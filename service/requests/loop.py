@@ -31,7 +31,7 @@ import time
 import numpy as np
 import orjson
 
-from stratameter.schemas.parse import label_request_bytes
+from stratameter.schemas.outbound import label_request_bytes
 
 from ..chunks import lifecycle
 from ..chunks.lifecycle import chunk_closed

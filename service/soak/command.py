@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from stratameter.schemas.parse import score_record_bytes
+from stratameter.schemas.outbound import score_record_bytes
 
 from ..api.client import http_json
 from ..config.checks import metric_list

@@ -27,7 +27,7 @@ from stratameter.demo.command import PEOPLE_CHUNK_SECONDS as DEMO_PEOPLE_CHUNK_S
 from stratameter.demo.label_studio import TOKEN as LOCAL_TOKEN
 from stratameter.bridge.mapping import task_payload
 from stratameter.embedded import create_topics, find_free_port
-from stratameter.schemas.parse import decode_label_request, label_request_bytes
+from stratameter.schemas.outbound import decode_label_request, label_request_bytes
 from stratameter.schemas.times import rfc3339_to_ms
 from tests.harness import read_topic, running_service, wait_for
 from tests.label_studio_harness import annotate, project_tasks, running_bridge

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_installed_under_the_one_name_stratameter(tmp_path):
     # a user's own `schemas` module next to their script, run outside the checkout
     (tmp_path / "schemas.py").write_text("MINE = True\n")
-    code = ("import schemas, stratameter.cli, stratameter.schemas.parse as p, stratameter.state.scripts as s\n"
-            "assert schemas.MINE and p.__name__ == 'stratameter.schemas.parse'\n"
+    code = ("import schemas, stratameter.cli, stratameter.schemas.inbound as p, stratameter.state.scripts as s\n"
+            "assert schemas.MINE and p.__name__ == 'stratameter.schemas.inbound'\n"
             "assert 'return' in s.source('INGEST')\n"
             "import importlib.util as u\n"
             "assert u.find_spec('service') is None\n")

@@ -104,7 +104,7 @@ def test_bench_refuses_options_that_do_not_go_together(argv, message, capsys):
 
 
 def test_score_values_are_valid_score_records():
-    from stratameter.schemas.parse import parse_scores
+    from stratameter.schemas.inbound import parse_scores
 
     which, values = score_values(2000, 4, seed=1)
     batch, rejects = parse_scores(values, [0] * len(values), 0.5)

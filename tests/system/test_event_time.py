@@ -10,9 +10,11 @@ from datetime import datetime
 import orjson
 import pytest
 
-from stratameter.schemas import parse as parse_mod
-from stratameter.schemas.messages import EPOCH_MS_FROM, DeadLetter, ScoreRecord, event_time_to_ms, event_time_window
-from stratameter.schemas.parse import dead_letter_record, parse_scores
+from stratameter.schemas import reference_rules
+from stratameter.schemas.inbound import parse_scores
+from stratameter.schemas.messages import (EPOCH_MS_FROM, DeadLetter, ScoreRecord, event_time_to_ms, event_time_window,
+                                          format_time)
+from stratameter.schemas.outbound import dead_letter_record
 from tests.harness import read_topic, running_service, wait_for
 
 HOUR_MS = 3_600_000
@@ -33,7 +35,7 @@ def verdict(value: bytes, ts: int = NOW, window=WINDOW) -> int | tuple[str, str]
     """The accepted event time (ms), or the reject's (reason, detail); the fast path and the
     reference rules must agree."""
     batch, rejects = parse_scores([value], [ts], 0.5, window=window)
-    ref = parse_mod._score_row(orjson.loads(value), ts, lambda cid: 0.5, window)
+    ref = reference_rules.score_row(orjson.loads(value), ts, lambda cid: 0.5, window)
     if rejects:
         assert len(batch) == 0 and ref == (rejects[0].reason, rejects[0].detail)
         return rejects[0].reason, rejects[0].detail
@@ -105,7 +107,7 @@ def test_window_of_the_defaults():
 @pytest.mark.parametrize("field", ["ms", "seconds", "rfc3339"])
 def test_future_beyond_the_skew_is_rejected(field):
     def as_field(ms: int):
-        return {"ms": ms, "seconds": ms / 1000, "rfc3339": parse_mod.format_time(ms)}[field]
+        return {"ms": ms, "seconds": ms / 1000, "rfc3339": format_time(ms)}[field]
 
     assert reason(enc(event_time=as_field(NOW))) == NOW
     assert reason(enc(event_time=as_field(NOW + 300_000))) == NOW + 300_000          # exactly the skew

@@ -15,7 +15,7 @@ from stratameter.bridge import mapping
 from stratameter.bridge.bridge import require_token
 from stratameter.bridge.mapping import BadWebhook, Choices, UnknownChoice
 from stratameter.config import ConfigError, Settings, load_settings
-from stratameter.schemas.parse import decode_label_request, label_request_bytes
+from stratameter.schemas.outbound import decode_label_request, label_request_bytes
 from stratameter.state.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[2]

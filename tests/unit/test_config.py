@@ -9,7 +9,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from stratameter.schemas.parse import parse_scores
+from stratameter.schemas.inbound import parse_scores
 from stratameter.config import (
     FILE_SECRETS,
     OVERRIDABLE,

@@ -13,12 +13,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from stratameter.schemas import parse as parse_mod
+from stratameter.schemas import inbound, reference_rules
+from stratameter.schemas.batches import LabelBatch, Reject, ScoreBatch
+from stratameter.schemas.inbound import parse_labels, parse_scores
 from stratameter.schemas.messages import (
     MAX_CONTEXT_BYTES,
     MAX_DEAD_LETTER_DETAIL_BYTES,
     MAX_DEAD_LETTER_KEY_BYTES,
     MAX_DEAD_LETTER_ORIGINAL_BYTES,
+    MAX_RECORD_BYTES,
     MESSAGES,
     REJECT_REASONS,
     TOPIC_DEAD_LETTER,
@@ -34,14 +37,12 @@ from stratameter.schemas.messages import (
     time_to_ms,
 )
 from stratameter.schemas.times import _rfc3339_to_ms_by_parts
-from stratameter.schemas.parse import (
-    LabelBatch,
-    Reject,
-    ScoreBatch,
+from stratameter.schemas.outbound import (
     dead_letter_record,
+    decode_label_request,
+    label_record_bytes,
     label_request_bytes,
-    parse_labels,
-    parse_scores,
+    score_record_bytes,
 )
 
 TS = 1_718_000_000_000  # a Kafka record timestamp (2024-06-10T06:13:20Z)
@@ -354,7 +355,7 @@ def test_merge_of_rows_accepted_only_by_the_reference_check():
     # No valid record is expected to miss the fast path; if one ever does, it is merged in order.
     index = np.array([0, 3], dtype=np.int64)
     flat = ["a", 1, "b", 2]
-    merged, rows = parse_mod._merge_late(index, flat, [(1, "x", 9), (5, "y", 8)], 2)
+    merged, rows = inbound._merge_late(index, flat, [(1, "x", 9), (5, "y", 8)], 2)
     assert merged.tolist() == [0, 1, 3, 5] and rows == ["a", 1, "x", 9, "b", 2, "y", 8]
 
 
@@ -588,7 +589,7 @@ def _raw_values(draw, fields: dict) -> bytes:
 
 
 def _reference(value, row) -> tuple:
-    return parse_mod._diagnose(value, parse_mod.MAX_RECORD_BYTES, row)
+    return reference_rules.diagnose(value, MAX_RECORD_BYTES, row)
 
 
 @pytest.mark.slow
@@ -600,8 +601,8 @@ def _reference(value, row) -> tuple:
 @example(b'{"classifier_id":"a","item_id":"b","score":1,"context":{"k":123456789012345678901234567890}}', 0.5, None)
 def test_parse_scores_agrees_with_the_reference_on_raw_bytes(value, threshold, window):
     batch, rejects = parse_scores([value], [TS], threshold, window=window)
-    ref = _reference(value, lambda r: parse_mod._score_row(r, TS, lambda cid: threshold,
-                                                           parse_mod._ANY_TIME if window is None else window))
+    ref = _reference(value, lambda r: reference_rules.score_row(r, TS, lambda cid: threshold,
+                                                                reference_rules.ANY_TIME if window is None else window))
     if len(ref) == 2:
         assert len(batch) == 0 and rejects == [Reject(0, *ref)], (value, ref)
         return
@@ -634,8 +635,8 @@ def test_parse_scores_agrees_with_the_reference_record_by_record_in_a_batch(valu
                                                batch.context)))
     reasons = {r.index: r.reason for r in rejects}
     for i, value in enumerate(values):
-        ref = _reference(value, lambda r: parse_mod._score_row(r, TS, lambda cid: threshold,
-                                                               parse_mod._ANY_TIME if window is None else window))
+        ref = _reference(value, lambda r: reference_rules.score_row(r, TS, lambda cid: threshold,
+                                                                    reference_rules.ANY_TIME if window is None else window))
         if len(ref) == 2:
             assert reasons[i] == ref[0], (value, ref)
         else:
@@ -660,7 +661,7 @@ _LABEL_FIELDS = {
 @example(b'{"request_id":"r","label":1,"label":null}')
 def test_parse_labels_agrees_with_the_reference_on_raw_bytes(value):
     batch, rejects = parse_labels([value], [TS])
-    ref = _reference(value, lambda r: parse_mod._label_row(r, TS))
+    ref = _reference(value, lambda r: reference_rules.label_row(r, TS))
     if len(ref) == 2:
         assert len(batch) == 0 and rejects == [Reject(0, *ref)], (value, ref)
         return
@@ -689,23 +690,22 @@ def test_repeated_keys_and_whitespace_read_as_the_reference_reads_them():
 
 
 def test_codec_round_trips_every_message():
-    raw = parse_mod.score_record_bytes("fraud-v3", "txn-1", 0.7, event_time=TS, context={"k": "v"})
+    raw = score_record_bytes("fraud-v3", "txn-1", 0.7, event_time=TS, context={"k": "v"})
     assert accepted(raw) == {"classifier_id": "fraud-v3", "item_id": "txn-1", "score": 0.7,
                              "predicted_positive": True, "event_time_ms": TS, "context": '{"k":"v"}'}
-    assert orjson.loads(parse_mod.score_record_bytes("a", "b", np.float64(0.25))) == {
+    assert orjson.loads(score_record_bytes("a", "b", np.float64(0.25))) == {
         "classifier_id": "a", "item_id": "b", "score": 0.25}
-    batch, rejects = parse_labels([parse_mod.label_record_bytes("fraud-v3/t", None, "ann", "2024-06-10T08:13:20Z"),
-                                   parse_mod.label_record_bytes("fraud-v3/u", True)], [TS, TS])
+    batch, rejects = parse_labels([label_record_bytes("fraud-v3/t", None, "ann", "2024-06-10T08:13:20Z"),
+                                   label_record_bytes("fraud-v3/u", True)], [TS, TS])
     assert rejects == [] and batch.label == [None, True] and batch.labeler_id == ["ann", None]
     assert batch.labeled_at_ms.tolist() == [1_718_007_200_000, TS]
-    req = parse_mod.decode_label_request(label_request_bytes("fraud-v3/t", "fraud-v3", "txn-1", 0.9, 1, 0, 1,
-                                                             b'{"k":"v"}'))
+    req = decode_label_request(label_request_bytes("fraud-v3/t", "fraud-v3", "txn-1", 0.9, 1, 0, 1, b'{"k":"v"}'))
     assert (req.request_id, req.stratum, req.requested_at, req.context) == (
         "fraud-v3/t", 1, "1970-01-01T00:00:00.000Z", {"k": "v"})
-    dead = parse_mod.decode_dead_letter(dead_letter_record(b"{", None, TOPIC_SCORES, 0, 7, "invalid_json", "d", 0))
+    dead = DeadLetter.model_validate_json(dead_letter_record(b"{", None, TOPIC_SCORES, 0, 7, "invalid_json", "d", 0))
     assert (dead.offset, dead.reason) == (7, "invalid_json")
     with pytest.raises(ValidationError):
-        parse_mod.decode_label_request(b'{"request_id":"r"}')
+        decode_label_request(b'{"request_id":"r"}')
 
 
 # --------------------------------------------------------------------------- times
