@@ -46,16 +46,11 @@ from .sketch import ScoreHistogram, bin_edges_score
 #: Labels a classifier's chunk needs before the calibration is used (below: the plain estimator).
 CALIBRATION_MIN_LABELS = 100
 #: The calibration is used only while its cross-fitted variance is at most this share of the
-#: plain estimator's.  1: whichever is smaller.  0.95 (the first choice) kept it off where it
-#: helps by less than 5 %: svm-margin (-0.3 % labels against -2.6 % at 1) and near-perfect
-#: (-0.8 % against -1.9 %); at 1 a calibration that does not help costs nothing (uninformative,
-#: flat, overconfident: 0 +- 0.05 %, coverage unchanged; README "The score inside the strata").
+#: plain estimator's: whichever is smaller (docs/decisions/calibration-switch.md).
 CALIBRATION_MARGIN = 1.0
 #: Ridge of the Platt fit toward the identity calibration (a = 0, b = 1), in labels: keeps the
-#: fit finite when the labels are separable.  Small, because the identity is far from a steep
-#: model's calibration and the labels say little about the slope where they are all alike: on
-#: `steep` (slope ~6 in the logit) the service's design saved 7.0 % labels at ridge 1, 7.5 % at
-#: 0.1 and 0.01, 5.5 % at 5 (delta 0.02, 300 paired runs); svm-margin the same at 1 and 0.1.
+#: fit finite when the labels are separable; small, as the identity is far from a steep model's
+#: calibration (docs/decisions/calibration-switch.md).
 PLATT_RIDGE = 0.1
 #: Probabilities are clipped this far from 0 and 1 before their logit.
 _EPS = 1e-6

@@ -73,19 +73,8 @@ MIN_SILENCE_CHUNK_SHARE = 1.0 / 120.0
 #: Half the estimated shortfall halves the gap per round without
 #: overshooting on a noisy half-width.
 SHORTFALL_SHARE = 0.5
-#: ... but never more than this many times the labels the chunk already has.  A round's
-#: allocation rests on those labels, and a label given is never taken back: on a chunk that
-#: closes with only the two-label warm-up per stratum, half the shortfall (about 300 labels on
-#: `steep` at delta 0.02) went out on Neyman shares estimated from two labels a stratum, almost
-#: an even split, and the near-pure strata kept labels they did not need.  Capped at 8 times,
-#: the first round takes about 18 labels a stratum, enough to tell the strata apart, and the
-#: next one is sized and split on those (closed chunks, 400 paired runs, seed 5: `steep` 610 ->
-#: 599 labels at 0.02, 2222 -> 2062 at 0.01; `logit-underconfident` 767 -> 668 and 2946 -> 2502;
-#: `svm-margin` 741 -> 728, 2786 -> 2699; the others within 0.4 %, one to four more rounds; 4 times
-#: cost 3-7 % on `flat`, `overconfident` and `calibrated` at 0.01: README "Rounds after the close").
-#: Accuracy gains too (`fraud-rare` 570 -> 444 labels at 0.01).  Not with recall or F1: capped,
-#: they took far more labels (`fraud-rare` F1 at 0.02: 15999 -> 68577, `moderation` recall +30 %;
-#: the catch-up round meeting targets whose gradients come from a few positives: README).
+#: ... but never more than this many times the labels the chunk already has: a round's allocation
+#: rests on those labels, and a label given is never taken back (docs/decisions/shortfall-growth.md).
 SHORTFALL_GROWTH = 8.0
 
 
