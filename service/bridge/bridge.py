@@ -38,10 +38,11 @@ from redis.exceptions import RedisError
 from stratameter.schemas.parse import decode_label_request, label_record_bytes
 from stratameter.schemas.times import format_time, rfc3339_to_ms
 
-from ..app.consumer import StartupError, describe, kafka_startup_error, stop_clients
+from ..app.consumer import stop_clients
 from ..app.lifecycle import pause
 from ..app.probes import PROBE_INTERVAL_S, READY_WINDOW_S, Health, check_redis, probe_redis
 from ..config import ConfigError, Settings, env_var
+from ..errors import StartupError, describe, kafka_startup_error
 from ..state.keys import Keys
 from . import mapping
 from .client import TASKS_PER_QUERY, LabelStudio, LabelStudioError
