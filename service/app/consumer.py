@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 
 from ..config import Settings
+from ..errors import kafka_startup_error
 from .group import leave_group_on_stop
 from .records import install as install_own_records, own_records
 
@@ -21,26 +22,6 @@ log = logging.getLogger(__name__)
 FETCH_BYTES_PER_PARTITION = 8 << 20
 #: An empty labels partition must not hold a fetch that also carries scores.
 FETCH_MAX_WAIT_MS = 100
-
-
-class StartupError(RuntimeError):
-    """The service cannot start (wrong credentials, unreachable Kafka); the message holds no secret."""
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message`` (redis-py's repr, e.g. ``auth:AuthenticationError``, omits the message)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def kafka_startup_error(settings: Settings, exc: KafkaError) -> StartupError:
-    """The `StartupError` of a Kafka client that could not start: where it connected, how
-    (security protocol, SASL mechanism and user; never the password) and aiokafka's reason."""
-    s = settings
-    how = s.kafka_security_protocol + (f" with SASL {s.kafka_sasl_mechanism} as user {s.kafka_sasl_username!r}"
-                                       if s.kafka_security_protocol.startswith("SASL_") else "")
-    return StartupError(f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
-                        "the aiokafka log line above has the broker's answer")
 
 
 class Rebalance(ConsumerRebalanceListener):

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from aiokafka.errors import KafkaError
 from redis.exceptions import OutOfMemoryError, RedisError
 
-from .consumer import describe
+from ..errors import describe
 
 log = logging.getLogger(__name__)
 

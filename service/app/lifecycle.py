@@ -13,7 +13,7 @@ import logging
 import signal
 
 from ..config import Settings
-from .consumer import StartupError
+from ..errors import StartupError
 from .logs import redact
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError
 
 from ..config import Settings, mask_url
+from ..errors import StartupError, describe
 from ..metrics.redis_errors import redis_error_cause
 from ..state.keys import Keys
-from .consumer import StartupError, describe
 from .failures import describe_outage
 from .lifecycle import pause
 

@@ -18,13 +18,14 @@ import time
 from aiokafka import TopicPartition
 
 from ..config import Settings
+from ..errors import StartupError
 from ..ingest.ingestor import ScoreIngestor
 from ..labels.folder import LabelFolder
 from ..metrics.exposition import render
 from ..state.store import Store
 from .batch import BatchHandler, GlobalCounts
 from .checkpoint import Checkpoint
-from .consumer import KafkaClients, Rebalance, StartupError, describe
+from .consumer import KafkaClients, Rebalance
 from .deadletters import DeadLetters
 from .failures import ClassifierFailures
 from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
@@ -33,7 +34,7 @@ from .probes import Health, check_chunk_seconds, check_redis, once_redis_answers
 from .request_task import RequestTask
 from .state_watch import StateWatch
 
-__all__ = ["GLOBAL_SERIES_OWNER", "LEASE_MS", "Service", "StartupError", "describe", "run", "tune_gc"]
+__all__ = ["GLOBAL_SERIES_OWNER", "LEASE_MS", "Service", "run", "tune_gc"]
 
 log = logging.getLogger(__name__)
 

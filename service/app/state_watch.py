@@ -37,11 +37,12 @@ import time
 from aiokafka import TopicPartition
 
 from ..config import Settings
+from ..errors import describe
 from ..state.keys import negatives_of
 from ..state.offsets import Acknowledged, acknowledged_field, applied_field
 from ..state.store import Store
 from .batch import BatchHandler
-from .consumer import KafkaClients, describe
+from .consumer import KafkaClients
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def main(args) -> int:
     from ..app.logs import configure_logging
     from ..config import ConfigError, load_settings
-    from .bridge import require_token, run
+    from .bridge import run
+    from .startup import require_token
 
     try:
         settings = load_settings()

@@ -18,6 +18,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..api.http import _error, _response, serve_http
+from . import gauges
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ async def _webhook(bridge, reader: asyncio.StreamReader, headers: dict[str, str]
         bridge.metrics.webhook_errors.labels("too_large").inc()
         return _error(400, f"the body is larger than {MAX_WEBHOOK_BYTES} bytes")
     body = await asyncio.wait_for(reader.readexactly(int(length)), 10)
-    status, doc = bridge.webhook(body)
+    status, doc = bridge.answers.webhook(body)
     return _response(status, orjson.dumps(doc))
 
 
@@ -52,7 +53,7 @@ async def route(bridge, method: str, path: str, reader: asyncio.StreamReader, he
         ok = bridge.ready()
         return _response(200 if ok else 503, orjson.dumps({"ready": ok, **bridge.readiness()}))
     if path == "/metrics":
-        await bridge.refresh_gauges()
+        await gauges.refresh(bridge)
         return _response(200, generate_latest(bridge.metrics.registry), CONTENT_TYPE_LATEST)
     return _error(404, "not found")
 

@@ -86,7 +86,8 @@ Service-wide ``<prefix>:{_global}:...``
 The Label Studio bridge (``stratameter bridge label-studio``, ``service/bridge/``), per Label Studio
 project id ``<p>``; no script touches them, each call names one key:
   {cid}:ls:<p>:<rid>  string the task of label request `rid`: "claim <instance> <ms> <n>" while a
-                             replica creates it, then "task <id>", then "answered <id> <annotation>";
+                             replica creates it, then "task <id>", then "answered <id> <annotation>"
+                             (`bridge.claims`: parsed into a typed state, the transitions);
                              expires a day after the request's expires_at (at most 31 days from its
                              arrival), so a replayed request never makes a second task
   {_global}:ls:<p>:open     zset   task id -> the request's expires_at (ms, at most 31 days ahead):

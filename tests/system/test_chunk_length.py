@@ -15,9 +15,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from redis.asyncio import Redis
 
-from stratameter.app.runner import Service, StartupError
+from stratameter.app.runner import Service
 from stratameter.config import load_settings
 from stratameter.embedded import find_free_port
+from stratameter.errors import StartupError
 from stratameter.state.keys import Keys
 from tests.harness import service_topics
 

@@ -259,7 +259,7 @@ async def test_the_label_studio_bridge_counts_redis_failures(unique_name):
                 pass
 
             loops = asyncio.gather(bridge.health.probe_forever(kafka_answers, bridge._probe_redis, bridge.stopping),
-                                   bridge.poll_forever())
+                                   bridge.poller.forever())
             async def both_counted() -> bool:
                 now = errors(bridge)
                 return now[("poll", "out_of_memory")] >= 2 and now[("probe", "out_of_memory")] >= 1

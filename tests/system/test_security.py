@@ -32,9 +32,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stratameter.app.runner import Service, StartupError
+from stratameter.app.runner import Service
 from stratameter.config import ConfigError, load_settings
 from stratameter.embedded import BackendError, EmbeddedRedis, find_free_port, redis_binary
+from stratameter.errors import StartupError
 from tests.embedded_tls import (
     EmbeddedKafkaBehind,
     EmbeddedSecureRedis,

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from stratameter.bridge import mapping
-from stratameter.bridge.bridge import require_token
 from stratameter.bridge.mapping import BadWebhook, Choices, UnknownChoice
+from stratameter.bridge.startup import require_token
 from stratameter.config import ConfigError, Settings, load_settings
 from stratameter.schemas.outbound import decode_label_request, label_request_bytes
 from stratameter.state.keys import Keys

@@ -17,7 +17,6 @@ def test_a_provisional_side_is_held_beside_a_final_one():
     one stepped beside it held (`RequestLoop._due_by_side` never samples it); while the negatives are
     provisional and precision is enabled, the positives alone (the precision design).  Nothing
     while no side is final."""
-    from stratameter.chunks.plan import Side, sampled_sides
 
     def side(provisional, first):
         cs = None if provisional is None else SimpleNamespace(provisional=provisional)
@@ -40,7 +39,6 @@ def test_a_provisional_side_is_held_beside_a_final_one():
 def test_the_plan_counts_a_held_side_as_labelled_at_its_prior():
     """`held_as_known`, by hand: the held positives' one stratum (20 items, prior 0.75) is planned
     as 20 labels with 15 positive; the sampled negatives keep their own labels."""
-    from stratameter.chunks.plan import Side, held_as_known
 
     held = Side("c", SimpleNamespace(provisional=True, strata=1), None, 0, 0)
     sampled = Side("c~negatives", SimpleNamespace(provisional=False, strata=2), None, 1, 0)

@@ -1,10 +1,13 @@
 """No product module imports test infrastructure: nothing under service/ or schemas/ imports
 `tests`, and `stratameter run` (service/app, service/state and what they use) does not import
-the local backend launcher (`stratameter.embedded`, for the demo, bench, soak and tests)."""
+the local backend launcher (`stratameter.embedded`, for the demo, bench, soak and tests); the
+start-up errors' module (`stratameter.errors`) loads no client."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,3 +51,13 @@ def test_only_the_tools_import_the_local_backend_launcher():
 def test_tls_test_peers_live_under_tests():
     assert not (ROOT / "service" / "embedded_tls.py").exists()
     assert (ROOT / "tests" / "embedded_tls.py").exists()
+
+
+def test_the_errors_module_imports_no_client():
+    """`stratameter.errors` (`StartupError` and its messages) is importable anywhere: imported alone,
+    it loads no Kafka, Redis, HTTP or settings module (their types are named for annotations only)."""
+    code = ("import sys, stratameter.errors; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('aiokafka', 'redis', 'httpx', 'pydantic', 'stratameter')))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "['stratameter', 'stratameter.errors']"
