@@ -39,9 +39,10 @@ LOG_EVERY_SECONDS = 60.0
 def redis_outage(exc: BaseException) -> bool:
     """Whether `exc` is Redis failing, not the service: one of `REDIS_OUTAGES`, or redis-py's
     asyncio connection written to after it was torn down (a cluster master killed mid-pipeline:
-    ``'NoneType' object has no attribute 'writelines'``; redis/redis-py#4287, up to 8.1; 8.2 raises a ConnectionError),
-    which it raises as an AttributeError or TypeError from its transport instead of a
-    ConnectionError.  Such an error from anywhere else is a bug and is not retried."""
+    ``'NoneType' object has no attribute 'writelines'``; redis/redis-py#4287), which redis-py up
+    to 8.1 raises as an AttributeError or TypeError from its transport instead of a
+    ConnectionError (8.2 raises a ConnectionError).  Such an error from anywhere else is a bug
+    and is not retried."""
     if isinstance(exc, REDIS_OUTAGES):
         return True
     if not isinstance(exc, (AttributeError, TypeError)) or exc.__traceback__ is None:
