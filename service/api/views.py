@@ -13,6 +13,7 @@ from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 from ..chunks import lifecycle
 from ..chunks.lifecycle import chunk_closed
 from ..chunks.report import StrataColumns, chunk_report
+from ..chunks.window import WindowPart, WindowReport, window_chunks, window_lengths, window_report
 from ..labels.calibrated import calibration_doc, chunk_calibrations
 from ..state.keys import first_negative_stratum, negatives_of
 from ..state.store import ChunkState, Store
@@ -52,10 +53,7 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
     (`lifecycle.counted_whole`); every metric that needs them is then null.  Not `complete` (some
     of its records were counted in a state Redis lost, `app.state_watch`): every metric is null."""
     closed = chunk_closed(cs.chunk, cfg, now_s)
-    negatives_from = first_negative_stratum(cfg.strata, cs.strata)  # `_lead`'s empty chunk has cfg.strata
-    sides = [(cs, 0, "positive")] + ([(negatives, negatives_from, "negative")] if negatives is not None else [])
-    if cs.N.sum() == 0 and negatives is not None:
-        sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
+    sides = _sides(cs, negatives, cfg)
     strata = [row for side, first, name in sides for row in _strata(side, first, name)]
     report = chunk_report(_columns(sides), cfg.metrics.split(","), cfg.confidence, closed, calibration,
                           negatives_complete, complete)
@@ -81,6 +79,16 @@ def chunk_view(cs: ChunkState, cfg, now_s: float, negatives: ChunkState | None =
         "calibration": calibration_doc(calibration),
         "strata": strata,
     }
+
+
+def _sides(cs: ChunkState, negatives: ChunkState | None, cfg) -> list[tuple[ChunkState, int, str]]:
+    """A chunk's sides as (state, first stratum id, side name): the predicted positives', then the
+    predicted negatives' (ids from K) when the classifier samples them."""
+    negatives_from = first_negative_stratum(cfg.strata, cs.strata)  # `_lead`'s empty chunk has cfg.strata
+    sides = [(cs, 0, "positive")] + ([(negatives, negatives_from, "negative")] if negatives is not None else [])
+    if cs.N.sum() == 0 and negatives is not None:
+        sides = sides[1:]  # a chunk of predicted negatives only: no positive stratum to list
+    return sides
 
 
 def _strata(cs: ChunkState, first: int, side: str) -> list[dict]:
@@ -139,8 +147,11 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
         return None
     ids_by_side = [summary["chunk_ids"]] + [o["chunk_ids"] for o in other]
     wanted = sorted(set().union(*ids_by_side))
-    if not history:
-        wanted = [t for t in wanted if t * cfg.chunk_seconds <= now_s][-2:]
+    if not history:  # the two newest started, the windows' chunks before them and the last closed one
+        started = [t for t in wanted if t * cfg.chunk_seconds <= now_s]
+        closed = [t for t in started if chunk_closed(t, cfg, now_s)]
+        longest = max(window_lengths(cfg.windows, cfg.chunk_seconds).values(), default=1)
+        wanted = sorted(set(started[-max(2, longest + 1):] + closed[-1:]))
     found = [{c.chunk: c for c in await store.chunks(sid, [t for t in wanted if t in set(side_ids)])}
              for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
@@ -161,6 +172,10 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
                          t in sampled)
               for t in ids]
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in ids], now_s)
+    reported_id = next((t for t, c in zip(ids, chunks) if c is reported), None)
+    lead = {t: _lead(found[0].get(t), found[-1].get(t), cfg, t) for t in ids}
+    parts = {t: WindowPart(t, _columns(_sides(lead[t], found[1].get(t) if len(found) > 1 else None, cfg)),
+                           chunk["closed"], whole[t], complete[t]) for t, chunk in zip(ids, chunks)}
     for o in other:  # the negatives' requests and answers count as the classifier's
         summary["pending"] += o["pending"]
         summary["counters"] = _summed(summary["counters"], o["counters"])
@@ -189,8 +204,35 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     doc["label_budget_remaining"] = max(0, int(lifecycle.budget_allowance(cfg.max_labels_per_hour,
                                                                         int(now_s) % 3600)) - issued)
+    doc["windows"] = {name: _window_doc(window_report([parts[t] for t in window_chunks(reported_id, ids, k)],
+                                                      cfg.metrics.split(","), cfg.confidence), reported_id, k, cfg)
+                      for name, k in window_lengths(cfg.windows, cfg.chunk_seconds).items()}
+    doc["last_closed"] = _last_closed(ids, chunks, now_s, cfg)
     doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc
+
+
+def _window_doc(window: WindowReport, reported: int | None, length: int, cfg) -> dict:
+    """A window's document: its nominal span (the reported chunk and the `length` - 1 before it),
+    the chunks pooled, their labels and items, every enabled metric's interval, and the chunks that
+    made a metric null (`chunks.window`)."""
+    start = None if reported is None else _iso((reported - length + 1) * cfg.chunk_seconds)
+    end = None if reported is None else _iso((reported + 1) * cfg.chunk_seconds)
+    return {"start": start, "end": end, "chunks": len(window.chunks), "population": window.population,
+            "labels": window.labels, "complete": window.complete,
+            "incomplete_chunks": [_iso(t * cfg.chunk_seconds) for t in window.incomplete_chunks],
+            "metrics": {m: _interval_doc(iv) for m, iv in window.intervals.items()}}
+
+
+def _last_closed(ids: list[int], chunks: list[dict], now_s: float, cfg) -> dict | None:
+    """The newest closed chunk's current figures (closed chunks still take top-up rounds), ``final``
+    once its status will not change (`lifecycle.FINISHED` or ``stopped``); None before a chunk closed."""
+    closed = [c for t, c in zip(ids, chunks) if c["closed"] and t * cfg.chunk_seconds <= now_s]
+    if not closed:
+        return None
+    c = closed[-1]
+    return {"chunk": c["chunk"], "status": c["status"], "final": c["status"] in (*lifecycle.FINISHED, "stopped"),
+            "labels": c["labels"], "population": c["population"], "metrics": c["metrics"]}
 
 
 def _calibrated(t: int, cid: str, sides: list[str], found: list[dict], metrics: tuple, negatives_complete):

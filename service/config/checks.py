@@ -128,6 +128,18 @@ def metric_list(v: str) -> str:
     return ",".join(parse_metrics(v))
 
 
+def duration_list(v: str) -> str:
+    """A comma list of durations (`chunks.window.parse_duration`), returned canonical: each in its
+    largest whole unit (`format_duration`), shortest first, no duplicates; ``none``: no window
+    (returned empty; an empty variable counts as unset)."""
+    from ..chunks.window import format_duration, parse_duration
+
+    if v.strip().lower() == "none":
+        return ""
+    seconds = sorted({parse_duration(part) for part in v.split(",") if part.strip()})
+    return ",".join(format_duration(s) for s in seconds)
+
+
 def positive(v: float) -> float:
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"must be a finite number > 0, got {shown(v)}")

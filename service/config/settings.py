@@ -43,6 +43,7 @@ from .checks import (
     Mark,
     check,
     choice_list,
+    duration_list,
     env_var,
     field_errors,
     finite,
@@ -142,6 +143,9 @@ class Settings(ClientOptions, BaseSettings):
     max_event_time_skew_seconds: Annotated[int, in_range(0), CARRY] = 300
     # at most history_chunks x chunk_seconds; left unset, 300 or that product if smaller (below)
     allowed_lateness_seconds: Annotated[int, in_range(0), CARRY] = 300
+    # estimates pooled over the reported chunk and those before it (chunks.window): durations, each a multiple
+    # of chunk_seconds and at most history_chunks chunks (none: no window); unset, 1d or what the history holds
+    windows: Annotated[str, check(duration_list), CARRY] = "1d"
     # every classifier id creates state, series and a request loop: new ids past this are dead-lettered
     max_classifiers: AtLeast1 = 5_000  # one replica scrapes 5,000 owned classifiers in ~5 s (README, Scale)
     # process
@@ -195,6 +199,7 @@ class Settings(ClientOptions, BaseSettings):
                                f"it is still held), got {self.allowed_lateness_seconds}"))
             else:  # the default never outlasts the history (short chunks in tests and demos)
                 self.__dict__["allowed_lateness_seconds"] = held
+        errors += _window_errors(self)
         if errors:
             raise ConfigError(errors)
         self._defaults = ClassifierConfig(**{k: getattr(self, k) for k in PER_CLASSIFIER})
@@ -246,6 +251,24 @@ class Settings(ClientOptions, BaseSettings):
     @property
     def overridden_classifiers(self) -> tuple[str, ...]:
         return tuple(sorted(self._overrides))
+
+
+def _window_errors(s: Settings) -> list[tuple[str, str]]:
+    """`WINDOWS` against the chunks: each a whole number of chunks, at most `HISTORY_CHUNKS` of them.
+    Left unset, the default day becomes the whole chunks of a day the history holds (at least one)."""
+    from ..chunks.window import format_duration, parse_duration
+
+    if "windows" not in s.model_fields_set:
+        chunks = max(1, min(s.history_chunks, parse_duration(s.windows) // s.chunk_seconds))
+        s.__dict__["windows"] = format_duration(chunks * s.chunk_seconds)
+        return []
+    bad = [w for w in s.windows.split(",") if w and (parse_duration(w) % s.chunk_seconds
+                                                     or parse_duration(w) // s.chunk_seconds > s.history_chunks)]
+    if not bad:
+        return []
+    return [(env_var("windows"), f"each window must be a whole number of {env_var('chunk_seconds')} "
+                                 f"({s.chunk_seconds} s) and at most {env_var('history_chunks')} = {s.history_chunks} "
+                                 f"chunks long, got {', '.join(bad)}")]
 
 
 def _cross_field_errors(s: Settings) -> list[tuple[str, str]]:

@@ -42,6 +42,11 @@ _METRIC_GAUGES = tuple(
     for m in ("recall", "f1", "accuracy")
     for key, suffix, what in (("estimate", "", "Stratified estimate"), ("ci_lower", "_ci_lower", "Lower bound"),
                               ("ci_upper", "_ci_upper", "Upper bound"), ("stderr", "_stderr", "Standard error")))
+#: the windows' and the last closed chunk's gauges, per metric: (view key, name suffix, what)
+_WINDOW_FIELDS = (("estimate", "", "Stratified estimate"), ("ci_lower", "_ci_lower", "Lower bound"),
+                  ("ci_upper", "_ci_upper", "Upper bound"), ("stderr", "_stderr", "Standard error"))
+#: the window label of the last closed chunk's series
+LAST_CLOSED = "last_closed"
 #: the estimate's gauges: (view key, name); absent while there is no estimate
 _ESTIMATE = (("estimate", "stratameter_precision_ratio"),
              ("ci_lower", "stratameter_precision_ci_lower_ratio"),
@@ -82,9 +87,15 @@ class SnapshotCollector:
         status = GaugeMetricFamily("stratameter_chunk_status",
                                    "The reported chunk's status, a state set: 1 for the status it has, 0 for "
                                    f"the others ({', '.join(STATUSES)})", labels=["classifier", "status"])
+        windows = {(m, key): GaugeMetricFamily(f"stratameter_{m}_window{suffix}_ratio",
+                                               f"{what} of {m} pooled over a window of chunks (`STRATAMETER_WINDOWS`), "
+                                               f"or of the last closed chunk (window=\"{LAST_CLOSED}\")",
+                                               labels=["classifier", "window"])
+                   for m in ("precision", "recall", "f1", "accuracy") for key, suffix, what in _WINDOW_FIELDS}
         unknown = self.unknown_global
         for v in self.views:
             _add_classifier(v, gauges, counters)
+            _add_windows(v, windows)
             for name in STATUSES:
                 status.add_metric([v["classifier_id"], name], float(v["status"] == name))
             unknown += _add_labels(v, labels)
@@ -94,6 +105,7 @@ class SnapshotCollector:
         yield from counters.values()
         yield labels
         yield from per_stratum.values()
+        yield from (family for family in windows.values() if family.samples)
         yield status
         failures = CounterMetricFamily("stratameter_classifier_failures",
                                        "Failures confined to the classifier in this process, by stage: request_loop "
@@ -145,6 +157,18 @@ def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
         gauges["stratameter_last_label_timestamp_seconds"].add_metric([cid], rfc3339_to_ms(v["last_label_at"]) / 1000)
     for key, counter in counters.items():
         counter.add_metric([cid], v[key])
+
+
+def _add_windows(v: dict, windows: dict) -> None:
+    """Each window's and the last closed chunk's intervals, per enabled metric, while they exist."""
+    series = {name: w["metrics"] for name, w in v.get("windows", {}).items()}
+    if v.get("last_closed") is not None:
+        series[LAST_CLOSED] = v["last_closed"]["metrics"]
+    for window, metrics in series.items():
+        for m, doc in metrics.items():
+            for key, _, _ in _WINDOW_FIELDS:
+                if doc.get(key) is not None:
+                    windows[m, key].add_metric([v["classifier_id"], window], doc[key])
 
 
 def _add_labels(v: dict, labels: CounterMetricFamily) -> int:

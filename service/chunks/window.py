@@ -1,0 +1,113 @@
+"""A window: the reported chunk and the chunks before it, pooled into one estimate.
+
+Each chunk is an independent stratified sample of its own items (its strata, boundaries and
+inclusion thresholds its own).  The window's items are the union of its chunks' items, so the
+window is one stratified population whose strata are the (chunk, stratum) cells, and the chunks'
+samples together are a stratified sample of it: the stratified estimator with weights
+``N_ck / N`` and the variance ``sum W_ck^2 (1 - f_ck) s_ck^2 / n_ck`` over the cells is the
+ordinary one (Cochran 1977, *Sampling Techniques*, 3rd ed., Sec. 5.3-5.4: strata sampled
+independently; each cell's sample a simple random sample of the cell given its size, `stats.streams`).
+`chunks.report.chunk_report` over the cells therefore gives every enabled metric's interval with the
+same family as a chunk's (Wilson with the design effect, the half-label guard, the adaptive term).
+
+The finite population correction is applied only when every chunk of the window has closed (an open
+chunk's population still grows); without it the interval is conservative.  The difference estimator
+is not pooled: a window reports the plain stratified estimator in every cell.
+
+A chunk that cannot be estimated honestly is never pooled silently: one some of whose records were
+counted in a state Redis lost (`complete` false) makes every metric of the window null, and one whose
+predicted negatives did not all reach their state (`negatives_complete` false) the metrics that need
+them; the window names those chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..stats.confusion import needs_negatives
+from ..stats.estimator import Interval
+from .report import StrataColumns, chunk_report
+
+
+@dataclass(frozen=True)
+class WindowPart:
+    """One chunk of a window: its strata's columns and whether it can be pooled."""
+
+    chunk: int
+    columns: StrataColumns
+    closed: bool
+    complete: bool = True
+    negatives_complete: bool | None = None  # None: the metrics need no predicted negatives
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """The pooled figures of a window's chunks (`window_report`)."""
+
+    chunks: tuple[int, ...]  # the chunks pooled, oldest first
+    intervals: dict[str, Interval | None]  # every enabled metric's; None where it cannot be estimated
+    labels: int
+    population: int
+    #: the chunks that made a metric null: some of their records lost, or their negatives incomplete
+    incomplete_chunks: tuple[int, ...]
+
+    @property
+    def complete(self) -> bool:
+        return not self.incomplete_chunks
+
+
+def window_report(parts: list[WindowPart], metrics, confidence: float) -> WindowReport:
+    """Every enabled metric's interval over the cells of `parts` (module docstring)."""
+    metrics = tuple(metrics)
+    parts = sorted(parts, key=lambda p: p.chunk)
+    lost = tuple(p.chunk for p in parts if not p.complete)
+    partial = tuple(p.chunk for p in parts if p.negatives_complete is False)
+    if not parts:
+        return WindowReport((), dict.fromkeys(metrics), 0, 0, ())
+    cells = StrataColumns(*(np.concatenate([getattr(p.columns, c) for p in parts]) for c in ("N", "n", "h", "positive")))
+    closed = all(p.closed for p in parts)
+    report = chunk_report(cells, metrics, confidence, closed, negatives_complete=False if partial else None,
+                          complete=not lost)
+    intervals = dict(report.intervals)
+    named = lost or (partial if any(needs_negatives([m]) for m in metrics) else ())
+    return WindowReport(tuple(p.chunk for p in parts), intervals, int(cells.n.sum()), int(cells.N.sum()),
+                        tuple(sorted(set(named))))
+
+
+def window_chunks(reported: int | None, held: list[int], length: int) -> list[int]:
+    """The chunks of a window `length` chunks long: the reported chunk and the `length` - 1 chunk
+    ids before it, those of them that are `held` (a chunk with no record has no state)."""
+    if reported is None:
+        return []
+    wanted = set(range(reported - length + 1, reported + 1))
+    return [t for t in sorted(held) if t in wanted]
+
+
+#: a duration's units, largest first (`parse_duration`, `format_duration`)
+UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def parse_duration(text: str) -> int:
+    """Whole seconds of a duration written as seconds (``"3600"``) or with a unit (``"30s"``,
+    ``"15m"``, ``"24h"``, ``"7d"``); ValueError naming the text otherwise."""
+    t = text.strip().lower()
+    scale = dict(UNITS).get(t[-1:], None) if t[-1:].isalpha() else 1
+    digits = t[:-1] if t[-1:].isalpha() else t
+    if scale is None or not digits.isdigit() or int(digits) <= 0:
+        raise ValueError(f"a duration is a whole number > 0 of seconds, or with a unit s, m, h or d, got {text!r}")
+    return int(digits) * scale
+
+
+def format_duration(seconds: int) -> str:
+    """`seconds` in the largest unit that writes it whole (86400 -> ``"1d"``, 5400 -> ``"90m"``)."""
+    for unit, size in UNITS:
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    raise AssertionError("unreachable: every whole number of seconds is whole in seconds")
+
+
+def window_lengths(windows: str, chunk_seconds: int) -> dict[str, int]:
+    """The configured windows (`STRATAMETER_WINDOWS`, canonical: `duration_list`): name -> chunks."""
+    return {name: parse_duration(name) // chunk_seconds for name in windows.split(",") if name}
