@@ -105,7 +105,7 @@ class SnapshotCollector:
         yield from counters.values()
         yield labels
         yield from per_stratum.values()
-        yield from (family for family in windows.values() if family.samples)
+        yield from windows.values()
         yield status
         failures = CounterMetricFamily("stratameter_classifier_failures",
                                        "Failures confined to the classifier in this process, by stage: request_loop "

@@ -268,9 +268,11 @@ def test_promtool_check_rules(which, tmp_path):
 
 
 def test_promtool_unit_tests_precision_slo_overrides(tmp_path):
-    """The per-classifier SLO override and the default, through `promtool test rules`."""
+    """The per-classifier SLO override and the default, through `promtool test rules`, on the
+    reported chunk (the option ``window: ""``)."""
     promtool = _need("promtool", PROMTOOL_HOW)
-    values = {"prometheusRule": {"enabled": True, "precisionSLO": {"default": 0.9, "perClassifier": {"b": 0.95}}}}
+    values = {"prometheusRule": {"enabled": True, "precisionSLO": {"default": 0.9, "perClassifier": {"b": 0.95},
+                                                                   "window": ""}}}
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render(values))))
     series = [
         # a: 0.88 < default 0.9 -> fires; b: 0.93 < override 0.95 -> fires; c: 0.92 >= 0.9 -> silent
@@ -300,7 +302,8 @@ def test_promtool_unit_tests_precision_slo_overrides(tmp_path):
                     {"exp_labels": {"severity": "critical", "classifier": c},
                      "exp_annotations": {
                          "summary": f"Precision of {c} is below its SLO",
-                         "description": f"The upper bound of the precision confidence interval of {c} is {p}, "
+                         "description": f"The upper bound of the precision confidence interval of {c} over the "
+                                        f"reported chunk is {p}, "
                                         "below its SLO (stratameter:precision_slo:ratio): the classifier is "
                                         "confidently worse than its target."}}
                     for c, p in (("a", "88%"), ("b", "93%"))]},
@@ -315,10 +318,47 @@ def test_promtool_unit_tests_precision_slo_overrides(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@pytest.mark.parametrize("metric, name", [("precision", "Precision"), ("recall", "Recall"), ("f1", "F1"),
+                                          ("accuracy", "Accuracy")])
+def test_promtool_unit_tests_slo_alerts_read_the_day_window_by_default(tmp_path, metric, name):
+    """By default each SLO alert reads the day's window (`window="1d"`): a classifier whose current
+    chunk is confidently below the SLO but whose day is not stays silent; one whose day is below
+    fires after `for`, and the description names the window."""
+    promtool = _need("promtool", PROMTOOL_HOW)
+    values = {"prometheusRule": {"enabled": True, f"{metric}SLO": {"default": 0.8}}}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render(values))))
+    labels = 'instance="p1",job="sm"'
+    series = [  # a: day 0.75 < 0.8 fires; b: its hour 0.7 but its day 0.85: silent
+        *({"series": f'stratameter_{metric}_window_ci_upper_ratio{{classifier="{c}",window="1d",{labels}}}',
+           "values": f"{v}x40"} for c, v in (("a", 0.75), ("b", 0.85))),
+        *({"series": f'stratameter_{metric}_ci_upper_ratio{{classifier="{c}",{labels}}}', "values": "0.7x40"}
+          for c in "ab"),
+        *({"series": f'stratameter_{metric}_ratio{{classifier="{c}",{labels}}}', "values": "0.6x40"} for c in "ab"),
+        *({"series": f'stratameter_scores_total{{classifier="{c}",{labels}}}', "values": "0+100x40"} for c in "ab"),
+    ]
+    alert = f"Stratameter{name}BelowSLO"
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [
+            {"eval_time": "10m", "alertname": alert, "exp_alerts": []},
+            {"eval_time": "20m", "alertname": alert, "exp_alerts": [
+                {"exp_labels": {"severity": "critical", "classifier": "a"},
+                 "exp_annotations": {"summary": f"{name} of a is below its SLO",
+                                     "description": f"The upper bound of the {metric} confidence interval of a over "
+                                                    f"the 1d window is 75%, below its SLO (stratameter:{metric}_slo:"
+                                                    "ratio): the classifier is confidently worse than its target."}}]}],
+    }]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_promtool_unit_tests_recall_slo(tmp_path):
     """A recall SLO fires only for classifiers that export recall (STRATAMETER_METRICS), with overrides."""
     promtool = _need("promtool", PROMTOOL_HOW)
-    values = {"prometheusRule": {"enabled": True, "recallSLO": {"default": 0.5, "perClassifier": {"b": 0.7}}}}
+    values = {"prometheusRule": {"enabled": True, "recallSLO": {"default": 0.5, "perClassifier": {"b": 0.7},
+                                                                "window": ""}}}
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(_render(values))))
     series = [  # a: 0.45 < 0.5 fires; b: 0.65 < override 0.7 fires; c: 0.55 silent; d exports no recall
         *({"series": f'stratameter_recall_ci_upper_ratio{{classifier="{c}",instance="p1",job="sm"}}',
@@ -337,7 +377,8 @@ def test_promtool_unit_tests_recall_slo(tmp_path):
         "alert_rule_test": [{"eval_time": "20m", "alertname": "StratameterRecallBelowSLO", "exp_alerts": [
             {"exp_labels": {"severity": "critical", "classifier": c},
              "exp_annotations": {"summary": f"Recall of {c} is below its SLO",
-                                 "description": f"The upper bound of the recall confidence interval of {c} is {p}, "
+                                 "description": f"The upper bound of the recall confidence interval of {c} over "
+                                                f"the reported chunk is {p}, "
                                                 "below its SLO (stratameter:recall_slo:ratio): the classifier is "
                                                 "confidently worse than its target."}}
             for c, p in (("a", "45%"), ("b", "65%"))]}],
@@ -756,8 +797,11 @@ def test_dashboard_and_rules_name_only_exported_metrics(live):
                      "stratameter_precision_ci_upper_ratio", "stratameter_label_requests_total",
                      "stratameter_labels_total", "stratameter_labels_pending", "stratameter_stratum_items",
                      "stratameter_stratum_upper_score", "stratameter_consumer_lag_records",
-                     "stratameter_invalid_messages_total", "stratameter_recall_ratio", "stratameter_f1_ci_upper_ratio",
-                     "stratameter_accuracy_ci_lower_ratio"):
+                     "stratameter_invalid_messages_total", "stratameter_recall_ratio", "stratameter_f1_ratio",
+                     "stratameter_accuracy_ratio", "stratameter_precision_window_ci_upper_ratio",
+                     "stratameter_recall_window_ci_lower_ratio", "stratameter_f1_window_ratio",
+                     "stratameter_accuracy_window_ci_upper_ratio", "stratameter_chunk_status",
+                     "stratameter_label_budget_remaining"):
         assert required in everything, required
     # the rules: every selected metric is exported, recorded by the rules themselves, or Prometheus' `up`
     groups = _rule_groups(_render(_full_values()))["groups"]
