@@ -5,6 +5,8 @@
   /readyz                   Kafka and Redis reachable recently (503 otherwise)
   /v1/classifiers           JSON list of classifier ids
   /v1/classifiers/{id}      JSON estimate, interval, strata and history
+  /                         the status page: every classifier (HTML)
+  /classifiers/{id}         the status page of one classifier (HTML)
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from stratameter.schemas.messages import CLASSIFIER_ID_RULE, is_classifier_id
 
-from . import views
+from . import page, views
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 8192
+HTML = "text/html; charset=utf-8"
 
 
 def _response(status: int, body: bytes, content_type: str = "application/json") -> bytes:
@@ -58,7 +61,25 @@ async def route(service, method: str, path: str) -> bytes:
         if doc is None:
             return _error(404, f"unknown classifier {cid!r}")
         return _response(200, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY, default=float))
+    if path == "/" or path.startswith("/classifiers/"):
+        return await _page(service, path)
     return _error(404, "not found")
+
+
+async def _page(service, path: str) -> bytes:
+    """The status page (`page`): the overview at ``/``, one classifier at ``/classifiers/{id}``."""
+    if path == "/":
+        ids = sorted(await service.store.classifiers())
+        docs = [await views.classifier_view(service.store, cid, service.settings.for_classifier(cid), history=False)
+                for cid in ids[:page.OVERVIEW_LIMIT]]
+        return _response(200, page.overview_page([d for d in docs if d is not None], len(ids)).encode(), HTML)
+    cid = unquote(path[len("/classifiers/"):])
+    doc = None
+    if is_classifier_id(cid):
+        doc = await views.classifier_view(service.store, cid, service.settings.for_classifier(cid))
+    if doc is None:
+        return _error(404, f"unknown classifier {cid!r}")
+    return _response(200, page.classifier_page(doc).encode(), HTML)
 
 
 async def serve(service, host: str, port: int) -> asyncio.base_events.Server:

@@ -160,8 +160,8 @@ class Demo:
 
     async def _start_traffic(self, settings) -> list[asyncio.Task]:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
-        self.err.print(f"metrics: {self.metrics_url}   JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>"
-                       f"   service log: {self.service_log}")
+        self.err.print(f"status page: http://127.0.0.1:{self.port}/   metrics: {self.metrics_url}   "
+                       f"JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>   service log: {self.service_log}")
         if self.label_studio is not None:
             ls = self.label_studio
             self.err.print(f"Label Studio: {ls.url}   login {ls.user} / {ls.password}   project "
