@@ -138,8 +138,10 @@ def reported_chunk(chunks: list[dict], starts: list[float], now_s: float) -> dic
 
 async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> dict | None:
     """The `GET /v1/classifiers/{id}` document (None for an unknown id).  Without `history` (what
-    the gauges need) only the two newest started chunks are read, the reported one among them,
-    and ``history`` is empty: a scrape's cost does not grow with HISTORY_CHUNKS."""
+    the gauges need) only the chunks a scrape shows are read: the two newest started (the reported
+    one among them), the last closed one, and the chunks of the longest window, of which only the
+    counts per stratum are used; ``history`` is empty: a scrape's cost does not grow with
+    HISTORY_CHUNKS."""
     now_s = time.time()
     sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
     summary, *other = await store.overviews(sides, int(now_s * 1000))
@@ -147,11 +149,13 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
         return None
     ids_by_side = [summary["chunk_ids"]] + [o["chunk_ids"] for o in other]
     wanted = sorted(set().union(*ids_by_side))
-    if not history:  # the two newest started, the windows' chunks before them and the last closed one
+    viewed = wanted
+    if not history:  # the two newest started, the last closed one, and the windows' chunks before them
         started = [t for t in wanted if t * cfg.chunk_seconds <= now_s]
         closed = [t for t in started if chunk_closed(t, cfg, now_s)]
+        viewed = sorted(set(started[-2:] + closed[-1:]))
         longest = max(window_lengths(cfg.windows, cfg.chunk_seconds).values(), default=1)
-        wanted = sorted(set(started[-max(2, longest + 1):] + closed[-1:]))
+        wanted = sorted(set(viewed + started[-(longest + 1):]))
     found = [{c.chunk: c for c in await store.chunks(sid, [t for t in wanted if t in set(side_ids)])}
              for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
@@ -163,19 +167,19 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     whole = {t: lifecycle.counted_whole(t, cfg.chunk_seconds, store.lost_through_ms) for t in ids}
     calibrations = {}
     for t in ids[-cfg.chunk_retention:]:  # older: no histogram kept
-        if t in found[0] and whole[t]:
+        if t in found[0] and whole[t] and t in viewed:
             by_side, metrics = _calibrated(t, cid, sides, found, wanted_metrics, complete[t])
             calibrations[t] = await chunk_calibrations(store, by_side, cfg, chunk_closed(t, cfg, now_s), metrics)
     sampled = set(lifecycle.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s, cfg.chunk_retention))
-    chunks = [chunk_view(_lead(found[0].get(t), found[-1].get(t), cfg, t), cfg, now_s,
-                         found[1].get(t) if len(found) > 1 else None, calibrations.get(t), complete[t], whole[t],
-                         t in sampled)
-              for t in ids]
-    reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in ids], now_s)
-    reported_id = next((t for t, c in zip(ids, chunks) if c is reported), None)
     lead = {t: _lead(found[0].get(t), found[-1].get(t), cfg, t) for t in ids}
-    parts = {t: WindowPart(t, _columns(_sides(lead[t], found[1].get(t) if len(found) > 1 else None, cfg)),
-                           chunk["closed"], whole[t], complete[t]) for t, chunk in zip(ids, chunks)}
+    negatives = {t: found[1].get(t) if len(found) > 1 else None for t in ids}
+    shown = [t for t in ids if t in viewed]
+    chunks = [chunk_view(lead[t], cfg, now_s, negatives[t], calibrations.get(t), complete[t], whole[t], t in sampled)
+              for t in shown]
+    reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in shown], now_s)
+    reported_id = next((t for t, c in zip(shown, chunks) if c is reported), None)
+    parts = {t: WindowPart(t, _columns(_sides(lead[t], negatives[t], cfg)), chunk_closed(t, cfg, now_s), whole[t],
+                           complete[t]) for t in ids}
     for o in other:  # the negatives' requests and answers count as the classifier's
         summary["pending"] += o["pending"]
         summary["counters"] = _summed(summary["counters"], o["counters"])
@@ -207,7 +211,7 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     doc["windows"] = {name: _window_doc(window_report([parts[t] for t in window_chunks(reported_id, ids, k)],
                                                       cfg.metrics.split(","), cfg.confidence), reported_id, k, cfg)
                       for name, k in window_lengths(cfg.windows, cfg.chunk_seconds).items()}
-    doc["last_closed"] = _last_closed(ids, chunks, now_s, cfg)
+    doc["last_closed"] = _last_closed(shown, chunks, now_s, cfg)
     doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc
 
