@@ -53,9 +53,6 @@ LONG_FUNCTIONS: dict[str, tuple[int, str]] = {
     "service/api/views.py:classifier_view": (64, "service/api/views.py is being split by its owner"),
     "service/requests/loop.py:RequestLoop._step_chunk": (63, "service/requests/loop.py is being split by its owner"),
     "service/simulate/stream.py:run_stream": (304, "to shorten or give its reason"),
-    "service/simulate/command.py:main": (79, "to shorten"),
-    "service/simulate/command.py:add_parser": (76, "to shorten"),
-    "service/demo/command.py:main": (64, "to shorten"),
 }
 
 #: A docstring sentence that gives a long function's reason.
