@@ -289,7 +289,7 @@ def duplicate_pairs() -> list[str]:
 
     The modules are parsed by astroid without its inference transforms: the checker reads only
     where the imports and signatures are, and the transforms (which import numpy, scipy, ...) are
-    what makes a `pylint` run over the product take 12 CPU seconds; this takes about 2."""
+    what makes a `pylint` run over the product take some 12 CPU seconds; this takes about 4."""
     import astroid
     from astroid.builder import AstroidBuilder
     from pylint.checkers.symilar import Symilar
