@@ -148,14 +148,7 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     if not summary["meta"]:
         return None
     ids_by_side = [summary["chunk_ids"]] + [o["chunk_ids"] for o in other]
-    wanted = sorted(set().union(*ids_by_side))
-    viewed = wanted
-    if not history:  # the two newest started, the last closed one, and the windows' chunks before them
-        started = [t for t in wanted if t * cfg.chunk_seconds <= now_s]
-        closed = [t for t in started if chunk_closed(t, cfg, now_s)]
-        viewed = sorted(set(started[-2:] + closed[-1:]))
-        longest = max(window_lengths(cfg.windows, cfg.chunk_seconds).values(), default=1)
-        wanted = sorted(set(viewed + started[-(longest + 1):]))
+    wanted, viewed = _to_read(sorted(set().union(*ids_by_side)), cfg, now_s, history)
     found = [{c.chunk: c for c in await store.chunks(sid, [t for t in wanted if t in set(side_ids)])}
              for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
@@ -180,40 +173,62 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     reported_id = next((t for t, c in zip(shown, chunks) if c is reported), None)
     parts = {t: WindowPart(t, _columns(_sides(lead[t], negatives[t], cfg)), chunk_closed(t, cfg, now_s), whole[t],
                            complete[t]) for t in ids}
-    for o in other:  # the negatives' requests and answers count as the classifier's
-        summary["pending"] += o["pending"]
-        summary["counters"] = _summed(summary["counters"], o["counters"])
-    counters = summary["counters"]
-    doc = {
-        "classifier_id": cid,
-        "confidence": cfg.confidence,
-        "delta": cfg.delta,
-        "scores": int(summary["meta"].get("scores_total", 0)),
-        "pending": summary["pending"],
-        "label_requests": int(counters.get("requests_total", 0)),
-        "requests_expired": int(counters.get("requests_expired", 0)),
-        "last_label_at": _iso(int(counters["last_label_ms"]) / 1000) if "last_label_ms" in counters else None,
-        "labels_by_outcome": {o: int(counters.get(f"labels_{o}", 0)) for o in LABEL_OUTCOMES},
-    }
-    base = reported or {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None, "labels": 0,
-                        "population": 0, "chunk": None, "strata": [], "rounds": 0, "status": "open", "closed": False}
-    base.setdefault("metrics", {m: dict(NO_INTERVAL) for m in cfg.metrics.split(",")})
-    base.setdefault("calibration", None)
-    base.setdefault("negatives_complete", True if other else None)
-    base.setdefault("complete", True)
-    doc.update({k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "metrics", "labels",
-                                     "population", "chunk", "strata", "rounds", "status", "closed",
-                                     "negatives_complete", "complete", "calibration")})
-    issued = summary["issued"] + sum(o["issued"] for o in other)
-    # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
-    doc["label_budget_remaining"] = max(0, int(lifecycle.budget_allowance(cfg.max_labels_per_hour,
-                                                                        int(now_s) % 3600)) - issued)
+    doc = {"classifier_id": cid, **_counters_doc(summary, other, cfg, now_s), **_reported_fields(reported, cfg, other)}
     doc["windows"] = {name: _window_doc(window_report([parts[t] for t in window_chunks(reported_id, ids, k)],
                                                       cfg.metrics.split(","), cfg.confidence), reported_id, k, cfg)
                       for name, k in window_lengths(cfg.windows, cfg.chunk_seconds).items()}
     doc["last_closed"] = _last_closed(shown, chunks, now_s, cfg)
     doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc
+
+
+def _to_read(ids: list[int], cfg, now_s: float, history: bool) -> tuple[list[int], list[int]]:
+    """The chunks of `ids` to read, and those of them to view whole: all of them with `history`;
+    else the two newest started and the last closed one to view, and the chunks of the longest
+    window before them too (their counts only)."""
+    if history:
+        return ids, ids
+    started = [t for t in ids if t * cfg.chunk_seconds <= now_s]
+    closed = [t for t in started if chunk_closed(t, cfg, now_s)]
+    viewed = sorted(set(started[-2:] + closed[-1:]))
+    longest = max(window_lengths(cfg.windows, cfg.chunk_seconds).values(), default=1)
+    return sorted(set(viewed + started[-(longest + 1):])), viewed
+
+
+def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float) -> dict:
+    """The classifier's counters over all its chunks (the negatives' requests and answers count as
+    the classifier's) and the label budget left now."""
+    pending = summary["pending"] + sum(o["pending"] for o in other)
+    counters = summary["counters"]
+    for o in other:
+        counters = _summed(counters, o["counters"])
+    issued = summary["issued"] + sum(o["issued"] for o in other)
+    # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
+    allowed = int(lifecycle.budget_allowance(cfg.max_labels_per_hour, int(now_s) % 3600))
+    return {
+        "confidence": cfg.confidence,
+        "delta": cfg.delta,
+        "scores": int(summary["meta"].get("scores_total", 0)),
+        "pending": pending,
+        "label_requests": int(counters.get("requests_total", 0)),
+        "requests_expired": int(counters.get("requests_expired", 0)),
+        "last_label_at": _iso(int(counters["last_label_ms"]) / 1000) if "last_label_ms" in counters else None,
+        "labels_by_outcome": {o: int(counters.get(f"labels_{o}", 0)) for o in LABEL_OUTCOMES},
+        "label_budget_remaining": max(0, allowed - issued),
+    }
+
+
+def _reported_fields(reported: dict | None, cfg, other: list[dict]) -> dict:
+    """The reported chunk's fields of the document (empty ones before any chunk has started)."""
+    base = reported or {"estimate": None, "ci_lower": None, "ci_upper": None, "stderr": None, "labels": 0,
+                        "population": 0, "chunk": None, "strata": [], "rounds": 0, "status": "open", "closed": False}
+    base.setdefault("metrics", {m: dict(NO_INTERVAL) for m in cfg.metrics.split(",")})
+    base.setdefault("calibration", None)
+    base.setdefault("negatives_complete", True if other else None)
+    base.setdefault("complete", True)
+    return {k: base[k] for k in ("estimate", "ci_lower", "ci_upper", "stderr", "metrics", "labels", "population",
+                                 "chunk", "strata", "rounds", "status", "closed", "negatives_complete", "complete",
+                                 "calibration")}
 
 
 def _window_doc(window: WindowReport, reported: int | None, length: int, cfg) -> dict:

@@ -1,4 +1,5 @@
-"""The ingestion benchmark behind `stratameter bench`.
+"""The ingestion benchmark behind `stratameter bench` (its records: `records`; what it reports:
+`result`).
 
 One run:
 
@@ -45,186 +46,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
 
-from stratameter.schemas.outbound import score_record_bytes
 from .ingest import service_consume
-
-CHUNK_MS = 3_600_000  # the service's default chunk (STRATAMETER_CHUNK_SECONDS=3600)
-
-
-@dataclass
-class BenchResult:
-    records: int
-    classifiers: int
-    partitions: int
-    batch_max_records: int
-    service_records_per_s: float
-    raw_consume_decode_records_per_s: float
-    raw_consume_records_per_s: float
-    # the bare decode consumer reading aiokafka's own record objects, as the service's consumer does
-    raw_consume_decode_own_records_per_s: float
-    service_seconds: float
-    service_join_seconds: float
-    decode_seconds: float
-    raw_seconds: float
-    redis_bytes_per_classifier: int
-    records_counted: int
-    produce_seconds: float
-    memory: list[dict] = field(default_factory=list)  # [{"records", "bytes_per_classifier"}], in order
-    # with `all_metrics`: the same ingest with STRATAMETER_METRICS=precision,recall,f1,accuracy (both
-    # sides of the threshold kept), in the same run
-    service_all_metrics_records_per_s: float | None = None
-    redis_bytes_per_classifier_all_metrics: int | None = None
-    # with `redis_cluster`: the same ingest against a Redis Cluster (STRATAMETER_REDIS_CLUSTER=true), in the same run
-    service_cluster_records_per_s: float | None = None
-    redis_bytes_per_classifier_cluster: int | None = None
-    # with `serve`: the whole service over the ingested classifiers (`serve.serve_bench`), per backend
-    serve: dict | None = None
-    # with `repeat` > 1: every timed consumer again on the same records, in the same order, that many
-    # times; each rate above is then the median over the repeats and each ratio the median of the
-    # per-repeat ratios.  Per repeat: {"raw", "decode", "service"[, "all_metrics"][, "cluster"]} records/s
-    repeats: list[dict] = field(default_factory=list)
-    # per repeat, per service ingest ("service"[, "all_metrics"][, "cluster"]): its CPU seconds
-    # (`ingest.service_consume`: {"python", "redis"}), the work behind each rate above
-    cpu: list[dict] = field(default_factory=list)
-
-    @property
-    def ratio(self) -> float:
-        return self._median_ratio("service", "decode", self.service_records_per_s / self.raw_consume_decode_records_per_s)
-
-    def _median_ratio(self, num: str, den: str, single: float) -> float:
-        """The median over the repeats of rate `num` / rate `den` (`single` without repeats): a
-        ratio of two rates of the same repeat, so a slow moment of the machine hits both."""
-        if len(self.repeats) < 2:
-            return single
-        return float(np.median([r[num] / r[den] for r in self.repeats]))
-
-    def as_json(self) -> dict:
-        return {
-            "records": self.records,
-            "service_records_per_s": round(self.service_records_per_s),
-            "raw_consume_decode_records_per_s": round(self.raw_consume_decode_records_per_s),
-            "ratio": round(self.ratio, 3),
-            "redis_bytes_per_classifier": self.redis_bytes_per_classifier,
-            "raw_consume_records_per_s": round(self.raw_consume_records_per_s),
-            "raw_consume_decode_own_records_per_s": round(self.raw_consume_decode_own_records_per_s),
-            "ratio_vs_own_records_decode": round(self._median_ratio(
-                "service", "decode_own", self.service_records_per_s / self.raw_consume_decode_own_records_per_s), 3),
-            "records_counted": self.records_counted,
-            "classifiers": self.classifiers,
-            "partitions": self.partitions,
-            "batch_max_records": self.batch_max_records,
-            "service_seconds": round(self.service_seconds, 3),
-            "decode_seconds": round(self.decode_seconds, 3),
-            "raw_seconds": round(self.raw_seconds, 3),
-            "service_join_seconds": round(self.service_join_seconds, 3),
-            "produce_seconds": round(self.produce_seconds, 3),
-            "redis_bytes_per_classifier_at": self.memory,
-            **({} if self.service_all_metrics_records_per_s is None else {
-                "service_all_metrics_records_per_s": round(self.service_all_metrics_records_per_s),
-                "all_metrics_vs_precision": round(self._median_ratio(
-                    "all_metrics", "service", self.service_all_metrics_records_per_s / self.service_records_per_s), 3),
-                "redis_bytes_per_classifier_all_metrics": self.redis_bytes_per_classifier_all_metrics}),
-            **({} if self.service_cluster_records_per_s is None else {
-                "service_cluster_records_per_s": round(self.service_cluster_records_per_s),
-                "cluster_vs_single": round(self._median_ratio(
-                    "cluster", "service", self.service_cluster_records_per_s / self.service_records_per_s), 3),
-                "redis_bytes_per_classifier_cluster": self.redis_bytes_per_classifier_cluster}),
-            **({} if self.serve is None else {"serve": self.serve}),
-            **({"repeats": [{k: round(v) for k, v in r.items()} for r in self.repeats]} if len(self.repeats) > 1 else {}),
-            **self._cpu_json(),
-        }
-
-    def _cpu_json(self) -> dict:
-        """``cpu_us_per_record``: per ingest, the median over the repeats of this process's and
-        Redis's CPU microseconds per record; ``all_metrics_vs_precision_cpu``: the median of the
-        per-repeat ratios of precision's CPU (both processes) per record to every metric's, the
-        cost ratio behind ``all_metrics_vs_precision`` without the machine's scheduling noise."""
-        if not self.cpu:
-            return {}
-        per_record = {
-            ingest: {side: (None if any(c[ingest][side] is None for c in self.cpu) else
-                            round(float(np.median([c[ingest][side] for c in self.cpu])) * 1e6 / self.records, 3))
-                     for side in ("python", "redis")}
-            for ingest in self.cpu[0]}
-        out: dict = {"cpu_us_per_record": per_record}
-        if "all_metrics" in self.cpu[0] and per_record["service"]["redis"] is not None:
-            def total(c: dict) -> float:
-                return c["python"] + c["redis"]
-            out["all_metrics_vs_precision_cpu"] = round(float(np.median(
-                [total(c["service"]) / total(c["all_metrics"]) for c in self.cpu])), 3)
-        return out
-
-
-# --------------------------------------------------------------------------- records
-
-
-def classifier_ids(n: int) -> list[str]:
-    return [f"bench-clf-{i:02d}" for i in range(n)]
-
-
-def score_values(records: int, classifiers: int, seed: int = 0, now_ms: int | None = None
-                 ) -> tuple[np.ndarray, list[bytes]]:
-    """(classifier index per record, JSON values): realistic score records.
-
-    Scores: a mixture of a mass near 0 and a mass near 1 (about 40% predicted
-    positive at the 0.5 threshold); event times increasing from the start of the current
-    hour to `now_ms`, so the whole stream falls in one chunk and no event time is in the
-    future (the service dead-letters one more than STRATAMETER_MAX_EVENT_TIME_SKEW_SECONDS
-    ahead of its clock); fixed-width ids and context, so a reservoir member's size does not
-    depend on how far into the stream it was produced.
-    """
-    rng = np.random.default_rng(seed)
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    chunk_start = now_ms // CHUNK_MS * CHUNK_MS
-    which = rng.integers(0, classifiers, records)
-    pos = rng.random(records) < 0.4
-    scores = np.where(pos, rng.beta(8, 2, records) * 0.5 + 0.5, rng.beta(2, 8, records) * 0.5)
-    event = chunk_start + (np.arange(records, dtype=np.int64) * (now_ms - chunk_start)) // max(records, 1)
-    sources = ("web", "mobile", "api")
-    cids = classifier_ids(classifiers)
-    values = [
-        score_record_bytes(cids[c], f"item-{i:09d}", round(s, 6), event_time=e,
-                           context={"source": sources[i % 3], "locale": "en-US", "session": f"s{i % 9973:05d}"})
-        for i, (c, s, e) in enumerate(zip(which.tolist(), scores.tolist(), event.tolist()))
-    ]
-    return which, values
-
-
-async def produce(bootstrap: str, topic: str, partitions: int, which: np.ndarray, values: list[bytes],
-                  classifiers: int) -> None:
-    """Produce with explicit batches: classifier c's records go to partition c % partitions."""
-    from aiokafka import AIOKafkaProducer
-
-    keys = [c.encode() for c in classifier_ids(classifiers)]
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks=1,
-                                max_batch_size=1 << 20, max_request_size=1 << 21)
-    await producer.start()
-    try:
-        ts = int(time.time() * 1000)
-        pending = []
-        batches = [producer.create_batch() for _ in range(partitions)]
-        for c, v in zip(which.tolist(), values):
-            p = c % partitions
-            if batches[p].append(key=keys[c], value=v, timestamp=ts) is None:
-                batches[p].close()
-                pending.append(await producer.send_batch(batches[p], topic, partition=p))
-                batches[p] = producer.create_batch()
-                batches[p].append(key=keys[c], value=v, timestamp=ts)
-                if len(pending) >= 32:
-                    await asyncio.gather(*pending)
-                    pending.clear()
-        for p, b in enumerate(batches):
-            if b.record_count():
-                b.close()
-                pending.append(await producer.send_batch(b, topic, partition=p))
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
+from .records import classifier_ids, produce, score_values
+from .result import BenchResult
 
 
 # --------------------------------------------------------------------------- bare consumer
@@ -281,21 +110,115 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
     scores streaming at `serve_load` times the measured ingest rate meanwhile).
 
     Uses fresh topic, consumer group and Redis key prefix names, so it can run
-    against shared backends; it does not delete them afterwards.  Over 60 lines on purpose: the
-    measurements in the order they run, one call each, with the settings they share.
+    against shared backends; it does not delete them afterwards.  The measurements in the order
+    they run: the records produced, the warm-up, each repeat (`_repeat`), the whole service.
     """
     from ..config import load_settings
-    from ..embedded import create_topics
 
     if records < 1 or classifiers < 1 or partitions < 1 or repeat < 1:
         raise ValueError("records, classifiers, partitions and repeat must be >= 1")
     memory_at = [records // 5, records // 2] if memory_at is None else memory_at
     timeout_s = timeout_s if timeout_s is not None else 120 + records / 2000
+    names, env = await _fresh_names(kafka, redis_url, partitions)
+    cids = classifier_ids(classifiers)
+    run = _Run(kafka, names["scores"], partitions, records, cids, load_settings(env).batch_max_records, timeout_s, log)
+
+    produce_s, stream = await _produce(run, seed, keep=bool(serve))
+    cluster_env = {**_renamed(env, "-cluster"), "STRATAMETER_REDIS_URL": redis_cluster or "",
+                   "STRATAMETER_REDIS_CLUSTER": "true"}
+    log("warm-up: the service ingests the topic once, untimed (fresh group and keys)")
+    await service_consume(load_settings(_renamed(env, "-warm")), cids, records, [], timeout_s)
+    reps = []
+    for rep in range(repeat):
+        tag = f" (repeat {rep + 1} of {repeat})" if repeat > 1 else ""
+        reps.append(await _repeat(run, _fresh(env, rep), memory_at if rep == 0 else [], tag,
+                                  all_metrics and rep % 2 == 1,  # alternate: neither compared always runs second
+                                  all_metrics, _fresh(cluster_env, rep) if redis_cluster else None))
+    rates = [r.rates(records) for r in reps]
+    median = {k: float(np.median([r[k] for r in rates])) for k in rates[0]}
+    first = reps[0]
+    backends = {"redis": env, **({"cluster": cluster_env} if redis_cluster else {})}
+    served = await _serve(backends, kafka, names, cids, stream, median["service"] * serve_load, serve, timeout_s,
+                          log) if serve else {}
+    return BenchResult(
+        records=records, classifiers=classifiers, partitions=partitions, batch_max_records=run.max_records,
+        service_records_per_s=median["service"], raw_consume_decode_records_per_s=median["decode"],
+        raw_consume_records_per_s=median["raw"], raw_consume_decode_own_records_per_s=median["decode_own"],
+        service_seconds=records / median["service"], service_join_seconds=first.join_s,
+        decode_seconds=records / median["decode"], raw_seconds=records / median["raw"],
+        redis_bytes_per_classifier=first.snaps[-1]["bytes_per_classifier"],
+        records_counted=min(r.snaps[-1]["records"] for r in reps), produce_seconds=produce_s, memory=first.snaps,
+        service_all_metrics_records_per_s=median["all_metrics"] if all_metrics else None,
+        redis_bytes_per_classifier_all_metrics=first.every[1] if first.every else None,
+        service_cluster_records_per_s=median["cluster"] if redis_cluster else None,
+        redis_bytes_per_classifier_cluster=first.cluster[1] if first.cluster else None,
+        serve=served or None, repeats=rates, cpu=[r.cpu_seconds() for r in reps],
+    )
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every timed read of one run shares."""
+
+    kafka: str
+    topic: str
+    partitions: int
+    records: int
+    cids: list[str]
+    max_records: int
+    timeout_s: float
+    log: Callable[[str], None]
+
+
+@dataclass
+class _Repeat:
+    """One repeat's timed reads: the bare consumers' and the service's seconds, the service's join
+    and memory snapshots and CPU, the every-metric and cluster ingests (`_ingest`, or None)."""
+
+    raw_s: float
+    decode_s: float
+    own_s: float
+    service_s: float
+    join_s: float
+    snaps: list[dict]
+    cpu: dict
+    every: tuple[float, int, dict] | None
+    cluster: tuple[float, int, dict] | None
+
+    def rates(self, records: int) -> dict[str, float]:
+        return {"raw": records / self.raw_s, "decode": records / self.decode_s, "decode_own": records / self.own_s,
+                "service": records / self.service_s,
+                **({"all_metrics": records / self.every[0]} if self.every else {}),
+                **({"cluster": records / self.cluster[0]} if self.cluster else {})}
+
+    def cpu_seconds(self) -> dict:
+        return {"service": self.cpu, **({"all_metrics": self.every[2]} if self.every else {}),
+                **({"cluster": self.cluster[2]} if self.cluster else {})}
+
+
+async def _produce(run: _Run, seed: int, keep: bool) -> tuple[float, list[tuple[bytes, bytes]]]:
+    """The run's records generated and produced: (seconds to produce them, with `keep` the records
+    as (key, value) for `serve.serve_bench` to stream again, else [])."""
+    run.log(f"generating {run.records:,} score records for {len(run.cids)} classifiers")
+    which, values = score_values(run.records, len(run.cids), seed)
+    run.log(f"producing to {run.topic} ({run.partitions} partitions)")
+    t0 = time.perf_counter()
+    await produce(run.kafka, run.topic, run.partitions, which, values, len(run.cids))
+    produce_s = time.perf_counter() - t0
+    keys = [c.encode() for c in run.cids]
+    return produce_s, [(keys[c], v) for c, v in zip(which.tolist(), values)] if keep else []
+
+
+async def _fresh_names(kafka: str, redis_url: str, partitions: int) -> tuple[dict[str, str], dict[str, str]]:
+    """Fresh topics (created) and the service's settings on them, with a fresh consumer group and
+    Redis key prefix: (topic names by role, the ``STRATAMETER_*`` environment)."""
+    from ..embedded import create_topics
+
     run_id = uuid.uuid4().hex[:10]
     names = {k: f"bench-{k}-{run_id}" for k in ("scores", "requests", "labels", "dlq")}
     await create_topics(kafka, [names["scores"]], partitions=partitions)
     await create_topics(kafka, [names["requests"], names["labels"], names["dlq"]], partitions=1)
-    env = {
+    return names, {
         "STRATAMETER_KAFKA_BOOTSTRAP_SERVERS": kafka,
         "STRATAMETER_KAFKA_CONSUMER_GROUP": f"bench-{run_id}",
         "STRATAMETER_KAFKA_SESSION_TIMEOUT_MS": "6000",
@@ -306,70 +229,31 @@ async def run_bench(kafka: str, redis_url: str, records: int = 500_000, classifi
         "STRATAMETER_TOPIC_LABELS": names["labels"],
         "STRATAMETER_TOPIC_DEAD_LETTER": names["dlq"],
     }
-    settings = load_settings(env)
-    max_records = settings.batch_max_records
 
-    log(f"generating {records:,} score records for {classifiers} classifiers")
-    cids_b = [c.encode() for c in classifier_ids(classifiers)]
-    which, values = score_values(records, classifiers, seed)
-    log(f"producing to {names['scores']} ({partitions} partitions)")
-    t0 = time.perf_counter()
-    await produce(kafka, names["scores"], partitions, which, values, classifiers)
-    produce_s = time.perf_counter() - t0
-    stream = [(cids_b[c], v) for c, v in zip(which.tolist(), values)] if serve else []
-    del values
 
-    cids = classifier_ids(classifiers)
-    cluster_env = {**_renamed(env, "-cluster"), "STRATAMETER_REDIS_URL": redis_cluster or "",
-                   "STRATAMETER_REDIS_CLUSTER": "true"}
-    log("warm-up: the service ingests the topic once, untimed (fresh group and keys)")
-    await service_consume(load_settings(_renamed(env, "-warm")), cids, records, [], timeout_s)
-    runs, cpus = [], []
-    for rep in range(repeat):
-        tag = f" (repeat {rep + 1} of {repeat})" if repeat > 1 else ""
-        log("bare consumer, raw (no decoding)" + tag)
-        raw_s = await bare_consume(kafka, names["scores"], partitions, records, False, max_records, timeout_s)
-        log("bare consumer, orjson.loads per record" + tag)
-        decode_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s)
-        log("bare consumer, orjson.loads per record, aiokafka's own record objects" + tag)
-        own_s = await bare_consume(kafka, names["scores"], partitions, records, True, max_records, timeout_s, own=True)
-        fresh = _fresh(env, rep)
-        every_first = all_metrics and rep % 2 == 1  # alternate: neither of the two compared always runs second
-        every = await _every_metric(fresh, cids, records, timeout_s, log) if every_first else None
-        log("service ingest path (fresh consumer group)" + tag)
-        service_s, join_s, snaps, cpu = await service_consume(load_settings(fresh), cids, records,
-                                                              memory_at if rep == 0 else [], timeout_s)
-        if all_metrics and not every_first:
-            every = await _every_metric(fresh, cids, records, timeout_s, log)
-        cluster = await _ingest(_fresh(cluster_env, rep), cids, records, timeout_s, log,
-                                "on the Redis Cluster") if redis_cluster else None
-        runs.append((raw_s, decode_s, service_s, join_s, snaps, every, cluster, own_s))
-        cpus.append({"service": cpu, **({"all_metrics": every[2]} if every else {}),
-                     **({"cluster": cluster[2]} if cluster else {})})
-    rates = [{"raw": records / r[0], "decode": records / r[1], "decode_own": records / r[7],
-              "service": records / r[2],
-              **({"all_metrics": records / r[5][0]} if all_metrics else {}),
-              **({"cluster": records / r[6][0]} if redis_cluster else {})} for r in runs]
-    median = {k: float(np.median([r[k] for r in rates])) for k in rates[0]}
-    raw_s, decode_s, service_s, join_s, snaps, every, cluster, _ = runs[0]
-    counted_records = min(r[4][-1]["records"] for r in runs)
-    backends = {"redis": env, **({"cluster": cluster_env} if redis_cluster else {})}
-    served = await _serve(backends, kafka, names, cids, stream, median["service"] * serve_load, serve, timeout_s,
-                          log) if serve else {}
-    return BenchResult(
-        records=records, classifiers=classifiers, partitions=partitions, batch_max_records=max_records,
-        service_records_per_s=median["service"], raw_consume_decode_records_per_s=median["decode"],
-        raw_consume_records_per_s=median["raw"], raw_consume_decode_own_records_per_s=median["decode_own"],
-        service_seconds=records / median["service"],
-        service_join_seconds=join_s, decode_seconds=records / median["decode"], raw_seconds=records / median["raw"],
-        redis_bytes_per_classifier=snaps[-1]["bytes_per_classifier"],
-        records_counted=counted_records, produce_seconds=produce_s, memory=snaps,
-        service_all_metrics_records_per_s=median["all_metrics"] if all_metrics else None,
-        redis_bytes_per_classifier_all_metrics=every[1] if every else None,
-        service_cluster_records_per_s=median["cluster"] if redis_cluster else None,
-        redis_bytes_per_classifier_cluster=cluster[1] if cluster else None,
-        serve=served or None, repeats=rates, cpu=cpus,
-    )
+async def _repeat(run: _Run, env: dict, memory_at: list[int], tag: str, every_first: bool, all_metrics: bool,
+                  cluster_env: dict | None) -> _Repeat:
+    """One repeat: the three bare consumers, then the service's ingest with the settings `env`
+    (memory snapshots at `memory_at`), the every-metric ingest before it (`every_first`) or after
+    it, and the ingest on the Redis Cluster (`cluster_env`)."""
+    from ..config import load_settings
+
+    bare = (run.kafka, run.topic, run.partitions, run.records)
+    run.log("bare consumer, raw (no decoding)" + tag)
+    raw_s = await bare_consume(*bare, False, run.max_records, run.timeout_s)
+    run.log("bare consumer, orjson.loads per record" + tag)
+    decode_s = await bare_consume(*bare, True, run.max_records, run.timeout_s)
+    run.log("bare consumer, orjson.loads per record, aiokafka's own record objects" + tag)
+    own_s = await bare_consume(*bare, True, run.max_records, run.timeout_s, own=True)
+    every = await _every_metric(env, run.cids, run.records, run.timeout_s, run.log) if every_first else None
+    run.log("service ingest path (fresh consumer group)" + tag)
+    service_s, join_s, snaps, cpu = await service_consume(load_settings(env), run.cids, run.records, memory_at,
+                                                          run.timeout_s)
+    if all_metrics and not every_first:
+        every = await _every_metric(env, run.cids, run.records, run.timeout_s, run.log)
+    cluster = await _ingest(cluster_env, run.cids, run.records, run.timeout_s, run.log,
+                            "on the Redis Cluster") if cluster_env is not None else None
+    return _Repeat(raw_s, decode_s, own_s, service_s, join_s, snaps, cpu, every, cluster)
 
 
 def _fresh(env: dict, rep: int) -> dict:

@@ -1,5 +1,5 @@
 """`stratameter bench --ingest-cpu`: the ingest's work per record, precision alone against every
-metric, without Kafka and its scheduling noise.  The bench's records (`core.score_values`, twice
+metric, without Kafka and its scheduling noise.  The bench's records (`records.score_values`, twice
 `--records` of them in one chunk, distinct items) are parsed (`parse_scores`) and applied
 (`ScoreIngestor.prepare` then `submit`) a partition batch at a time, the partitions' batches taken
 in turn as a poll brings them, into Redis; the CPU seconds of this process and of Redis (``INFO
@@ -95,7 +95,7 @@ async def ingest_cpu_bench(redis_url: str, records: int, classifiers: int, parti
                            seed: int, repeat: int) -> dict:
     """`one_ingest` for each of `INGESTS`, in turn, `repeat` times; medians per half, and the ratios
     precision / every metric of this process's CPU per record and of both processes'."""
-    from .core import classifier_ids, score_values
+    from .records import classifier_ids, score_values
 
     which, values = score_values(2 * records, classifiers, seed=seed)
     halves = [partition_batches(which[s], values[s], partitions, batch)

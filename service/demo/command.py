@@ -58,29 +58,12 @@ def main(args) -> int:
 
     from ..embedded import BackendError
     from .launch import DemoError
-    from .options import DemoOptions
     from .orchestra import Demo
     from .view import summary_table
 
-    people = args.reviewers == "label-studio"
-    chunk_seconds = args.chunk_seconds
-    if chunk_seconds is None:
-        chunk_seconds = PEOPLE_CHUNK_SECONDS if people else SIMULATED_CHUNK_SECONDS
-    for name, value, ok in (("--duration", args.duration, args.duration is None or args.duration > 0),
-                            ("--chunk-seconds", chunk_seconds, chunk_seconds >= 2),
-                            ("--rate", args.rate, args.rate > 0),
-                            ("--delta", args.delta, 0 < args.delta < 1),
-                            ("--confidence", args.confidence, 0 < args.confidence < 1),
-                            ("--strata", args.strata, 1 <= args.strata <= 64),
-                            ("--settle", args.settle, args.settle >= 0)):
-        if not ok:
-            print(f"stratameter demo: invalid {name} {value!r}", file=sys.stderr)
-            return 2
-    opts = DemoOptions(duration=args.duration, json=args.json, kafka=args.kafka, redis=args.redis, port=args.port,
-                       chunk_seconds=chunk_seconds, rate=args.rate, delta=args.delta,
-                       confidence=args.confidence, strata=args.strata, settle=args.settle, seed=args.seed,
-                       reviewers=args.reviewers, label_timeout=3600.0 if people else 30.0,
-                       round_labels=2 if people else 4)
+    opts = _options(args)
+    if opts is None:
+        return 2
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     # The live view goes to stdout, or with --json to stderr when that is a terminal.
     out = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
@@ -117,6 +100,31 @@ def main(args) -> int:
         title = "summary" + (f" (stopped by {demo.signal_name})" if demo.signal_name else "")
         Console(highlight=False).print(summary_table(rows, demo.docs, opts.confidence, title))
     return 0
+
+
+def _options(args):
+    """The demo's `DemoOptions` from the arguments; None (the invalid one printed) if one is out of range."""
+    from .options import DemoOptions
+
+    people = args.reviewers == "label-studio"
+    chunk_seconds = args.chunk_seconds
+    if chunk_seconds is None:
+        chunk_seconds = PEOPLE_CHUNK_SECONDS if people else SIMULATED_CHUNK_SECONDS
+    for name, value, ok in (("--duration", args.duration, args.duration is None or args.duration > 0),
+                            ("--chunk-seconds", chunk_seconds, chunk_seconds >= 2),
+                            ("--rate", args.rate, args.rate > 0),
+                            ("--delta", args.delta, 0 < args.delta < 1),
+                            ("--confidence", args.confidence, 0 < args.confidence < 1),
+                            ("--strata", args.strata, 1 <= args.strata <= 64),
+                            ("--settle", args.settle, args.settle >= 0)):
+        if not ok:
+            print(f"stratameter demo: invalid {name} {value!r}", file=sys.stderr)
+            return None
+    return DemoOptions(duration=args.duration, json=args.json, kafka=args.kafka, redis=args.redis, port=args.port,
+                       chunk_seconds=chunk_seconds, rate=args.rate, delta=args.delta,
+                       confidence=args.confidence, strata=args.strata, settle=args.settle, seed=args.seed,
+                       reviewers=args.reviewers, label_timeout=3600.0 if people else 30.0,
+                       round_labels=2 if people else 4)
 
 
 def _raise_interrupt(signum, frame):

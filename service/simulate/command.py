@@ -25,7 +25,8 @@ from .study import (StudyRequest, as_json, designs_for, pct_text, run_study, srs
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """The `simulate` subcommand: one `add_argument` per option, which is why it runs past 60 lines."""
+    """The `simulate` subcommand: one `add_argument` per option (--metric's in `_add_metric_arguments`,
+    --stream's in `_add_stream_arguments`)."""
     p = sub.add_parser(
         "simulate",
         help="label-efficiency study: labels needed per sampling method on a population",
@@ -72,6 +73,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "difference estimator (the score inside the strata, CALIBRATION_MIN_LABELS 100), paired on "
                         "common random numbers: labels at the stop, the saving, coverage (per-item draws: minutes); "
                         "with --stream, per scenario on the same chunks")
+    _add_stream_arguments(p)
+    p.set_defaults(handler=main)
+
+
+def _add_metric_arguments(p: argparse.ArgumentParser) -> None:
+    """--metric and the predicted negatives' strata (`whole_command`)."""
+    p.add_argument("--metric", default="precision", choices=list(METRICS),
+                   help="what to estimate (default precision); recall, f1 and accuracy sample the whole stream")
+    p.add_argument("--negative-strata", type=int, default=4,
+                   help="strata on the predicted negatives for recall, f1 and accuracy (default 4)")
+    p.add_argument("--negative-stratifications", default=None,
+                   help=f"comma list of {','.join(STRATIFICATIONS)} or 'all' for the predicted negatives "
+                        "(default: the default design's)")
+    p.add_argument("--margin-strata", action="store_true",
+                   help="with --metric accuracy: also Kumar & Raj's strata on |score - threshold| pooled across "
+                        "both sides (label = the prediction was right), beside the two-sided design")
+
+
+def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
+    """--stream and its options (`stream_command`, `trace`)."""
     st = p.add_argument_group(
         "streams", "--stream replays the population as the arrivals of one chunk and runs the service's stream "
         "design on it (threshold sampling, paced thresholds, OPT rounds once arrivals stop, the chunk's interval "
@@ -99,21 +120,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "the bias of the estimate (minus the precision of the items arrived so far) and the "
                          "coverage of its interval, pooled over the readings and at minutes 5, 10 and 30; with "
                          "--calibration, the difference estimator's gauge (the service's default)")
-    p.set_defaults(handler=main)
-
-
-def _add_metric_arguments(p: argparse.ArgumentParser) -> None:
-    """--metric and the predicted negatives' strata (`whole_command`)."""
-    p.add_argument("--metric", default="precision", choices=list(METRICS),
-                   help="what to estimate (default precision); recall, f1 and accuracy sample the whole stream")
-    p.add_argument("--negative-strata", type=int, default=4,
-                   help="strata on the predicted negatives for recall, f1 and accuracy (default 4)")
-    p.add_argument("--negative-stratifications", default=None,
-                   help=f"comma list of {','.join(STRATIFICATIONS)} or 'all' for the predicted negatives "
-                        "(default: the default design's)")
-    p.add_argument("--margin-strata", action="store_true",
-                   help="with --metric accuracy: also Kumar & Raj's strata on |score - threshold| pooled across "
-                        "both sides (label = the prediction was right), beside the two-sided design")
 
 
 def _main_calibration(args, pop) -> int:
@@ -144,15 +150,7 @@ def main(args) -> int:
         print("stratameter simulate: error: --trace needs --stream (with --metric precision)", file=sys.stderr)
         return 2
     if args.calibration:
-        wrong = [o for o, given in (("--budget", args.budget is not None),
-                                    ("--plot", args.plot), ("--methods", args.methods),
-                                    ("--stratifications", args.stratifications), ("--strata", args.strata != 4),
-                                    ("--negative-strata", args.negative_strata != 4),
-                                    ("--negative-stratifications", args.negative_stratifications),
-                                    ("--margin-strata", args.margin_strata),
-                                    ("--stream", args.stream and args.metric != "precision"),
-                                    ("--interval", args.interval != "wilson"),
-                                    ("--without-replacement", args.without_replacement)) if given]
+        wrong = _not_with_calibration(args)
         if wrong:
             print(f"stratameter simulate: error: {wrong[0]} does not apply with --calibration (the service's design: "
                   f"K = 4 perc strata, K' = 4 on predicted negatives, the Wilson interval, without replacement; "
@@ -173,24 +171,7 @@ def main(args) -> int:
 
         return whole_command.main(args)
     try:
-        check_common(args)
-        check_stream(args)
-        if args.negative_stratifications is not None or args.negative_strata != 4 or args.margin_strata:
-            raise ValueError("--negative-strata, --negative-stratifications and --margin-strata need --metric "
-                             "recall, f1 or accuracy")
-        name = args.builtin or "calibrated"
-        if args.population:
-            pop = load(args.population, args.threshold)
-        elif name in WHOLE_BUILTIN:  # its predicted positives at its own threshold
-            pop = whole_builtin(name).positives_only()
-        else:
-            pop = builtin(name)
-        if args.threshold is not None and not args.population:
-            pop = above(pop, args.threshold)
-        designs = designs_for(parse_list(args.methods, ALLOCATIONS, "--methods"),
-                              parse_list(args.stratifications, STRATIFICATIONS, "--stratifications"),
-                              args.strata)
-        designs = [type(d)(d.method, d.stratification, d.strata, args.interval) for d in designs]
+        pop, designs = _population_and_designs(args)
     except ValueError as exc:
         print(f"stratameter simulate: error: {exc}", file=sys.stderr)
         return 2
@@ -202,6 +183,47 @@ def main(args) -> int:
         return stream_command.main(args, pop)
     if args.calibration:
         return _main_calibration(args, pop)
+    return _main_study(args, pop, designs)
+
+
+def _not_with_calibration(args) -> list[str]:
+    """The options given that `--calibration` (the service's design) does not take."""
+    return [o for o, given in (("--budget", args.budget is not None),
+                               ("--plot", args.plot), ("--methods", args.methods),
+                               ("--stratifications", args.stratifications), ("--strata", args.strata != 4),
+                               ("--negative-strata", args.negative_strata != 4),
+                               ("--negative-stratifications", args.negative_stratifications),
+                               ("--margin-strata", args.margin_strata),
+                               ("--stream", args.stream and args.metric != "precision"),
+                               ("--interval", args.interval != "wilson"),
+                               ("--without-replacement", args.without_replacement)) if given]
+
+
+def _population_and_designs(args) -> tuple:
+    """Precision's population (its predicted positives) and the designs to compare, from the
+    options (checked: ValueError naming the option)."""
+    check_common(args)
+    check_stream(args)
+    if args.negative_stratifications is not None or args.negative_strata != 4 or args.margin_strata:
+        raise ValueError("--negative-strata, --negative-stratifications and --margin-strata need --metric "
+                         "recall, f1 or accuracy")
+    name = args.builtin or "calibrated"
+    if args.population:
+        pop = load(args.population, args.threshold)
+    elif name in WHOLE_BUILTIN:  # its predicted positives at its own threshold
+        pop = whole_builtin(name).positives_only()
+    else:
+        pop = builtin(name)
+    if args.threshold is not None and not args.population:
+        pop = above(pop, args.threshold)
+    designs = designs_for(parse_list(args.methods, ALLOCATIONS, "--methods"),
+                          parse_list(args.stratifications, STRATIFICATIONS, "--stratifications"),
+                          args.strata)
+    return pop, [type(d)(d.method, d.stratification, d.strata, args.interval) for d in designs]
+
+
+def _main_study(args, pop, designs) -> int:
+    """The precision study on a fixed population: the table or JSON (and the plot)."""
     protocol = Protocol(delta=args.delta, confidence=1.0 - args.alpha,
                         with_replacement=not args.without_replacement)
     curve = []

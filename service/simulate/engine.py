@@ -71,7 +71,7 @@ class StrataTruth:
         return self.G / self.N
 
     def oracle_labels(self, delta: float, confidence: float, fpc: bool = False) -> float:
-        return estimator.neyman_oracle_labels(self.N, self.P, delta, confidence, fpc)
+        return oracle.neyman_oracle_labels(self.N, self.P, delta, confidence, fpc)
 
     def jeffreys_oracle_labels(self, delta: float, confidence: float, fpc: bool = False) -> float:
         return oracle.jeffreys_oracle_labels(self.N, self.P, delta, confidence, fpc)

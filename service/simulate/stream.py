@@ -42,86 +42,17 @@ by (stratum, priority), so a threshold is a prefix of its stratum.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from ..chunks import lifecycle
 from ..stats import allocation, stopping, streams
-from ..stats.calibration import resolve_kind
-from ..stats.difference import Calibrated, Labelled, StratumGrid, calibrated_interval, feature
-from ..stats.sketch import ScoreHistogram
-from .arrivals import SCENARIOS, Chunks, Scenario, StreamSettings, draw, ranges
+from .arrivals import SCENARIOS, Scenario, StreamSettings, draw, ranges
 from .populations import Population
-from .trace import GaugeRecorder, GaugeTrace
+from .stream_items import arrivals_by_step, chunk_calibration, raised_thresholds
+from .stream_result import StreamResult
+from .trace import GaugeRecorder
 
-__all__ = ["SCENARIOS", "Scenario", "StreamSettings", "StreamResult", "draw", "raised_thresholds", "run_stream"]
-
-
-def raised_thresholds(c: Chunks, runs, k, tau, m, want, now: float) -> np.ndarray:
-    """`streams.threshold_after` for many (run, stratum) pairs at once.
-
-    The free items above a threshold are the arrived items of the stratum
-    past its prefix ``m`` (nothing above a threshold is ever requested), in
-    priority order, so the raised threshold is the priority of the
-    ``min(want, free)``-th arrived item after the prefix (unchanged if none).
-    """
-    runs, k, want = np.asarray(runs), np.asarray(k), np.asarray(want, dtype=np.int64)
-    tau = np.array(tau, dtype=float)
-    if runs.size == 0:
-        return tau
-    base = c.off[runs, k] + m
-    avail = c.size[runs, k] - m
-    width = int(min(max(int(avail.max()), 1), 2 * int(want.max()) + 16))
-    cols = np.arange(width)
-    inside = cols[None, :] < avail[:, None]
-    idx = np.where(inside, base[:, None] + cols[None, :], 0)
-    arrived = inside & (c.a[idx] <= now)
-    cum = np.cumsum(arrived, axis=1)
-    free_seen = cum[:, -1]
-    found = free_seen >= want
-    complete = found | (width >= avail)  # the window saw every free item or enough of them
-    take = np.minimum(want, free_seen)
-    j = np.argmax((cum >= take[:, None]) & arrived, axis=1)
-    ok = complete & (take > 0)
-    tau[ok] = np.maximum(tau[ok], c.u[idx[ok, j[ok]]])
-    for i in np.flatnonzero(~complete):  # rare: many unarrived items above the threshold
-        lo = base[i]
-        seg = slice(lo, lo + avail[i])
-        free = c.u[seg][c.a[seg] <= now]
-        tau[i] = streams.threshold_after(tau[i], free, int(want[i]))
-    return tau
-
-
-@dataclass
-class StreamResult:
-    """Per run, at stop."""
-
-    labels: np.ndarray  # answered labels
-    requests: np.ndarray  # requests issued (answered, skipped, expired or pending)
-    estimate: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
-    halfwidth: np.ndarray
-    converged: np.ndarray  # bool
-    closed: np.ndarray  # bool (every run stops closed)
-    status: np.ndarray  # str, `lifecycle.chunk_status` at stop
-    capped: np.ndarray  # bool: stopped by the time cap
-    stop_seconds: np.ndarray
-    truth: np.ndarray
-    items: np.ndarray  # chunk size
-    reservoir_overflow: np.ndarray  # bool: a stratum's threshold sample exceeded RESERVOIR_SIZE
-    budget_blocked_steps: np.ndarray  # steps in which requests waited for the budget
-    tau: np.ndarray | None = None  # (runs, K) thresholds at stop
-    n: np.ndarray | None = None  # (runs, K) labels at stop
-    h: np.ndarray | None = None  # (runs, K) positive labels at stop
-    N: np.ndarray | None = None  # (runs, K) final stratum sizes
-    trace: list = field(default_factory=list)  # per step, for the traced runs
-    chunks: Chunks | None = None  # with keep_items
-    requested: np.ndarray | None = None  # with keep_items: per layout item
-    requested_at: np.ndarray | None = None
-    calibrated: np.ndarray | None = None  # bool: the difference estimator's interval was reported at stop
-    gauge: GaugeTrace | None = None  # with gauge_seconds: the gauge's readings (`trace`)
+__all__ = ["SCENARIOS", "Scenario", "StreamSettings", "StreamResult", "draw", "run_stream"]
 
 
 def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, seed,
@@ -139,10 +70,11 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     (`Interval.estimate`) where it stopped otherwise (exhausted, capped).
     With `gauge_seconds`, the gauge's readings every that many seconds of every
     run (`trace.GaugeRecorder`; ``out.gauge``).
-    One function on purpose (245 lines): a step reads and writes some forty
-    arrays over (runs, strata) and items; split, each part would take most
-    of them as parameters, and the step would no longer read top to bottom
-    in the order of `requests/loop.py`.
+    Long because a step reads and writes some forty arrays over (runs,
+    strata) and items: split, each part would take most of them as
+    parameters, and the step would no longer read top to bottom in the order
+    of `requests/loop.py` (what the step reads off the items is in
+    `stream_items`, what a run leaves at its stop in `stream_result`).
     """
     rng = np.random.default_rng(seed)
     c = draw(pop, scenario, s, runs, rng)
@@ -207,22 +139,10 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                     if cal.active:
                         yield i, cal.interval
 
-    out = StreamResult(*(np.zeros(R, dtype=np.int64) for _ in range(2)), *(np.full(R, np.nan) for _ in range(4)),
-                       np.zeros(R, bool), np.zeros(R, bool), np.full(R, "open", dtype=object), np.zeros(R, bool),
-                       np.full(R, np.nan), c.truth, c.count, overflow, blocked_steps, np.zeros((R, K)),
-                       np.zeros((R, K), dtype=np.int64), np.zeros((R, K), dtype=np.int64), np.zeros((R, K)),
-                       calibrated=np.zeros(R, dtype=bool))
+    out = StreamResult.start(c, overflow, blocked_steps)
     run_ids = np.arange(R)
-    # arrivals so far at each step of the chunk (all items arrive before its end)
-    n_arr = int(math.ceil(T / dt)) + 2
-    a_sorted = c.arr_key.reshape(R, M) - run_ids[:, None] * c.span
-    first_step = np.ceil(a_sorted / dt).astype(np.int64)  # the first step with step * dt >= a
-    first_step -= (first_step - 1) * dt >= a_sorted
-    first_step += first_step * dt < a_sorted
-    has = np.arange(M)[None, :] < c.count[:, None]
-    arrived_by = np.cumsum(np.bincount((run_ids[:, None] * n_arr + np.minimum(first_step, n_arr - 1))[has],
-                                       minlength=R * n_arr).reshape(R, n_arr), axis=1).astype(np.int64)
-    del a_sorted, first_step, has
+    arrived_by = arrivals_by_step(c, dt, T)
+    n_arr = arrived_by.shape[1]
     hour = -1
     step = 0
     while active.any():
@@ -408,18 +328,11 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                         "waiting": int(n_waiting[r]), "status": str(status[i]), "requested": req_k[r].copy()})
             if done.any():
                 d = rows[done]
-                out.labels[d] = labels[done]
-                out.requests[d] = issued_total[d]
-                out.estimate[d] = np.where(status[done] == "converged", est_stop[done], est[done])
-                out.lower[d], out.upper[d] = lower[done], upper[done]
-                out.halfwidth[d] = hw[done]
-                out.converged[d] = converged[done]
-                out.closed[d] = closed
-                out.status[d] = status[done]
-                out.capped[d] = ~finished[done]
-                out.stop_seconds[d] = now
-                out.tau[d], out.n[d], out.h[d], out.N[d] = tau[d], n[d], h[d], N[d]
-                out.calibrated[d] = cal_active[d]
+                out.stopped(d, labels=labels[done], requests=issued_total[d],
+                            estimate=np.where(status[done] == "converged", est_stop[done], est[done]),
+                            lower=lower[done], upper=upper[done], halfwidth=hw[done], converged=converged[done],
+                            closed=closed, status=status[done], capped=~finished[done], stop_seconds=now,
+                            tau=tau[d], n=n[d], h=h[d], N=N[d], calibrated=cal_active[d])
                 active[d] = False
         step = _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
                           close_step, cap_step)
@@ -428,21 +341,6 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     if gauge is not None:
         out.gauge = gauge.result()
     return out
-
-
-def chunk_calibration(c: Chunks, run: int, step: int, now: float, N, lands, fold, closed: bool,
-                      s: StreamSettings) -> Calibrated:
-    """`labels.calibrated.chunk_calibration` for one run's chunk at `step`: the labels landed
-    by then, and the calibration's stratum means from the histogram of the scores arrived by
-    `now` on the run's cuts (as the service reads its chunk's histogram)."""
-    span = slice(run * c.M, (run + 1) * c.M)
-    stratum = c.stratum[span]
-    got = lands[span] <= step
-    hist = ScoreHistogram.from_scores(c.score[span][(c.a[span] <= now) & (stratum < c.K)].astype(float))
-    kind = resolve_kind("auto", hist.min, hist.max)
-    items = Labelled(stratum[got], feature(c.score[span][got].astype(float), kind), c.y[span][got], fold[span][got])
-    return calibrated_interval(N, items, StratumGrid.from_histogram(hist, c.cuts[run], kind), s.confidence, closed,
-                               s.calibration_min_labels)
 
 
 def _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,

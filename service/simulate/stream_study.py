@@ -17,7 +17,8 @@ from .arrivals import SCENARIOS, StreamSettings
 from .calibrated import BLOCK_RUNS, Cell, Stop
 from .parallel import map_in_processes
 from .populations import Population
-from .stream import StreamResult, run_stream
+from .stream import run_stream
+from .stream_result import StreamResult
 from .trace import SCRAPE_SECONDS, GaugeTrace, TraceSummary
 from .trace import summarise as summarise_trace
 from .whole_populations import WholeStream

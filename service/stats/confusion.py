@@ -33,7 +33,6 @@ import numpy as np
 from .estimator import (
     STOPPING_VARIANCE_MARGIN,
     Interval,
-    StratumMoments,
     _as_counts,
     half_label_smoothed,
     shift_of_means,
@@ -43,6 +42,7 @@ from .estimator import (
     wilson_score,
     z_value,
 )
+from .moments import StratumMoments
 
 METRICS: tuple[str, ...] = ("precision", "recall", "f1", "accuracy")
 #: The adaptive-bias correction of a stratum's proportion is first order in

@@ -39,8 +39,9 @@ from scipy.special import expit, logit
 
 from .calibration import resolve_kind
 from .confusion import METRICS, moments_ratio_interval, population
-from .estimator import (Interval, StratumMoments, _as_counts, shift_of_means, undefined_interval, weights,
-                        wilson_design_effect, z_value)
+from .estimator import (Interval, _as_counts, shift_of_means, undefined_interval, weights, wilson_design_effect,
+                        z_value)
+from .moments import StratumMoments
 from .sketch import ScoreHistogram, bin_edges_score
 
 #: Labels a classifier's chunk needs before the calibration is used (below: the plain estimator).

@@ -4,7 +4,9 @@ Notation (Kumar & Raj, Sec. 3.2; Bennett & Carvalho 2010, Eq. 1): stratum
 ``k`` has ``N_k`` predicted-positive items (weight ``W_k = N_k / N``), ``n_k``
 of them labelled, ``h_k`` of those truly positive.  All functions take numpy
 arrays whose last axis is the stratum axis, so the simulator evaluates
-thousands of runs in one call and the service one classifier.
+thousands of runs in one call and the service one classifier.  The moments of outcomes other
+than the counts (the difference estimator's, the ratio metrics'): `moments`; the labels a design
+knowing the true precisions would need: `oracle`.
 """
 
 from __future__ import annotations
@@ -158,51 +160,6 @@ def undefined_interval(shape=()) -> Interval:
     """An interval whose every field is NaN, over runs of `shape`: a metric with no population."""
     nothing = np.full(shape, np.nan)
     return Interval(nothing, nothing, nothing, nothing)
-
-
-@dataclass(frozen=True)
-class StratumMoments:
-    """Per stratum (last axis), what the intervals need of the draws' outcomes: the labels
-    ``n``, the mean and plain spread (divided by ``n``, as ``p (1 - p)``) of the outcomes, and
-    both with the half-label guard (half a label at outcome 1 and at 0, `half_label_smoothed`).
-
-    For labels (outcome 0 or 1, `of_counts`) these are ``h/n``, ``p (1 - p)``, ``(h + 1/2)/(n + 1)``
-    and its ``p (1 - p)``; for the difference estimator's pseudo-outcomes (`of_outcomes`,
-    `difference`) the same moments of real numbers."""
-
-    n: np.ndarray
-    mean: np.ndarray
-    spread: np.ndarray
-    guarded_mean: np.ndarray
-    guarded_spread: np.ndarray
-
-    @classmethod
-    def of_counts(cls, n, h) -> "StratumMoments":
-        """The moments of ``h`` positive labels out of ``n``, as `wilson_interval` computes them."""
-        n = np.asarray(n, dtype=float)
-        p = np.asarray(h, dtype=float) / np.maximum(n, 1.0)
-        pbar = half_label_smoothed(n, h)
-        return cls(n, p, p * (1.0 - p), pbar, pbar * (1.0 - pbar))
-
-    @classmethod
-    def of_outcomes(cls, k: int, stratum, z) -> "StratumMoments":
-        """The moments of outcomes `z` drawn in `stratum` (one each; ``k`` strata)."""
-        z = np.asarray(z, dtype=float)
-        stratum = np.asarray(stratum, dtype=int)
-        n = np.bincount(stratum, minlength=k).astype(float)
-        s1 = np.bincount(stratum, weights=z, minlength=k)
-        s2 = np.bincount(stratum, weights=z * z, minlength=k)
-        safe = np.maximum(n, 1.0)
-        mean = s1 / safe
-        guarded_mean = (s1 + 0.5) / (n + 1.0)
-        return cls(n, mean, np.maximum(s2 / safe - mean * mean, 0.0), guarded_mean,
-                   np.maximum((s2 + 0.5) / (n + 1.0) - guarded_mean * guarded_mean, 0.0))
-
-    def variances(self, N, fpc: bool = True) -> np.ndarray:
-        """Per stratum, the guarded variance of its mean (`variance_of_mean` of ``n/(n-1)`` times
-        the guarded spread; `stratum_variances` at the half-label smoothed proportion for labels)."""
-        safe_n = np.maximum(self.n, 2.0)
-        return variance_of_mean(N, self.n, safe_n / (safe_n - 1.0) * self.guarded_spread, fpc)
 
 
 def normal_interval(N, n, h, confidence: float = 0.95, fpc: bool = True) -> Interval:
@@ -420,23 +377,3 @@ def interval(N, n, h, confidence: float = 0.95, method: str = "wilson", fpc: boo
     if method == "normal":
         return normal_interval(N, n, h, confidence, fpc)
     raise ValueError(f"interval must be one of {INTERVALS}, got {method!r}")
-
-
-def neyman_oracle_labels(N, p_true, delta: float, confidence: float = 0.95, fpc: bool = False) -> float:
-    """Labels the normal interval needs for half-width `delta` under Neyman
-    allocation with the true stratum precisions (Kumar & Raj, Eq. 10;
-    Bennett & Carvalho 2010, "%Oracle"): ``n = z^2 (sum W_k S_k)^2 / delta^2``,
-    or with the finite population correction
-    ``n = (sum W_k S_k)^2 / (delta^2/z^2 + sum W_k S_k^2 / N)``.
-    """
-    if delta <= 0:
-        raise ValueError(f"delta must be > 0, got {delta!r}")
-    W = weights(N)
-    N = np.asarray(N, dtype=float)
-    p = np.asarray(p_true, dtype=float)
-    S = np.sqrt(p * (1 - p))
-    z = z_value(confidence)
-    ws = float(np.sum(W * S))
-    if not fpc:
-        return z * z * ws * ws / (delta * delta)
-    return ws * ws / (delta * delta / (z * z) + float(np.sum(W * S * S)) / float(N.sum()))

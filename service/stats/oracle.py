@@ -1,6 +1,6 @@
-"""The fewest labels an honest interval can stop with: the Jeffreys oracle.
+"""The oracles: the labels a design would need if it knew the true stratum precisions.
 
-`estimator.neyman_oracle_labels` (Bennett & Carvalho 2010, "%Oracle";
+`neyman_oracle_labels` (Bennett & Carvalho 2010, "%Oracle";
 Kumar & Raj, Eq. 10) is the label count of Neyman allocation when the stratum
 precisions are known and the *true* variance ``sum_k W_k^2 P_k (1-P_k)/n_k``
 is held to ``(delta/z)^2``.  No design that estimates the variance from its
@@ -32,6 +32,26 @@ from .estimator import weights, z_value
 
 #: Every non-empty stratum needs two labels before the interval exists.
 MIN_LABELS = 2.0
+
+
+def neyman_oracle_labels(N, p_true, delta: float, confidence: float = 0.95, fpc: bool = False) -> float:
+    """Labels the normal interval needs for half-width `delta` under Neyman
+    allocation with the true stratum precisions (Kumar & Raj, Eq. 10;
+    Bennett & Carvalho 2010, "%Oracle"): ``n = z^2 (sum W_k S_k)^2 / delta^2``,
+    or with the finite population correction
+    ``n = (sum W_k S_k)^2 / (delta^2/z^2 + sum W_k S_k^2 / N)``.
+    """
+    if delta <= 0:
+        raise ValueError(f"delta must be > 0, got {delta!r}")
+    W = weights(N)
+    N = np.asarray(N, dtype=float)
+    p = np.asarray(p_true, dtype=float)
+    S = np.sqrt(p * (1 - p))
+    z = z_value(confidence)
+    ws = float(np.sum(W * S))
+    if not fpc:
+        return z * z * ws * ws / (delta * delta)
+    return ws * ws / (delta * delta / (z * z) + float(np.sum(W * S * S)) / float(N.sum()))
 
 
 def expected_jeffreys_variance(N, p_true, n, fpc: bool = False) -> np.ndarray:

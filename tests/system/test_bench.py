@@ -12,7 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from stratameter.bench.command import main as bench_main
-from stratameter.bench.core import run_bench, score_values
+from stratameter.bench.core import run_bench
+from stratameter.bench.records import score_values
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state.store import Store

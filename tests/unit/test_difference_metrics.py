@@ -13,7 +13,8 @@ from stratameter.stats import confusion
 from stratameter.stats.calibration import resolve_kind
 from stratameter.stats.difference import (Labelled, StratumGrid, calibrated_metrics, cross_fitted, feature,
                                           metric_interval, pseudo_outcomes)
-from stratameter.stats.estimator import STOPPING_VARIANCE_MARGIN, StratumMoments, variance_of_mean, z_value
+from stratameter.stats.estimator import STOPPING_VARIANCE_MARGIN, variance_of_mean, z_value
+from stratameter.stats.moments import StratumMoments
 from stratameter.stats.sketch import ScoreHistogram
 from stratameter.stats.strata import assign, boundaries
 

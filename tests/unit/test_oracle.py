@@ -1,4 +1,4 @@
-"""The Jeffreys oracle (service/stats/oracle.py): hand cases and properties."""
+"""The oracles (service/stats/oracle.py), Neyman's and the Jeffreys oracle: hand cases and properties."""
 
 from __future__ import annotations
 
@@ -9,8 +9,44 @@ from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.stats import binom, hypergeom
 
-from stratameter.stats.estimator import half_label_smoothed, neyman_oracle_labels, stratified_variance, z_value
-from stratameter.stats.oracle import expected_jeffreys_variance, jeffreys_oracle_allocation, jeffreys_oracle_labels
+from stratameter.stats.estimator import half_label_smoothed, stratified_variance, z_value
+from stratameter.stats.oracle import (expected_jeffreys_variance, jeffreys_oracle_allocation, jeffreys_oracle_labels,
+                                      neyman_oracle_labels)
+
+Z95 = 1.959963984540054  # Phi^-1(0.975)
+
+
+# ---------------------------------------------------------------- Neyman oracle
+
+
+def test_neyman_oracle_labels_hand_case():
+    # W = (0.5, 0.5), S = (sqrt(.25), sqrt(.09)) = (0.5, 0.3): sum W S = 0.4
+    got = neyman_oracle_labels([1000, 1000], [0.5, 0.9], 0.05)
+    assert got == pytest.approx(Z95**2 * 0.4**2 / 0.05**2, rel=1e-12)
+    assert got == pytest.approx(245.853, abs=1e-3)
+
+
+def test_neyman_oracle_labels_fpc_hand_case():
+    # n = (sum W S)^2 / (delta^2/z^2 + sum W S^2 / N), sum W S^2 = 0.17, N = 2000
+    got = neyman_oracle_labels([1000, 1000], [0.5, 0.9], 0.05, fpc=True)
+    want = 0.4**2 / (0.05**2 / Z95**2 + 0.17 / 2000)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got == pytest.approx(217.45, abs=0.01)
+    assert got < neyman_oracle_labels([1000, 1000], [0.5, 0.9], 0.05)
+
+
+def test_neyman_oracle_labels_single_stratum_is_simple_random_sampling():
+    assert neyman_oracle_labels([10], [0.8], 0.01, 0.95) == pytest.approx(Z95**2 * 0.16 / 1e-4)
+    assert neyman_oracle_labels([10, 20], [1.0, 0.0], 0.01) == 0.0  # pure strata: nothing to learn
+
+
+@pytest.mark.parametrize("delta", [0.0, -0.01])
+def test_neyman_oracle_labels_bad_delta(delta):
+    with pytest.raises(ValueError, match="delta must be > 0"):
+        neyman_oracle_labels([10, 10], [0.5, 0.5], delta)
+
+
+# ---------------------------------------------------------------- Jeffreys oracle
 
 
 def test_expected_variance_hand_case():

@@ -5,46 +5,24 @@ start-up errors' module (`stratameter.errors`) loads no client."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.product_modules import ROOT, imports, product_modules
+
 #: Product modules that may start the bundled broker and Redis (`stratameter.embedded`).
 LAUNCHER_USERS = ("service/demo/", "service/bench/", "service/soak/", "service/embedded/")
 
 
-def _imports(path: Path) -> set[str]:
-    """Absolute names of every module `path` imports (relative imports resolved)."""
-    parts = path.relative_to(ROOT).with_suffix("").parts[:-1]
-    # the folders install under one import name: service/ is `stratameter`, schemas/ `stratameter.schemas`
-    package = ".".join(("stratameter",) + parts[1:] if parts[0] == "service" else ("stratameter",) + parts)
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            module = ".".join(base + ([node.module] if node.module else []))
-            out.add(module)
-            out |= {f"{module}.{a.name}" for a in node.names}
-    return out
-
-
-def _product_modules() -> list[Path]:
-    return sorted(p for d in ("service", "schemas") for p in (ROOT / d).rglob("*.py"))
-
-
 def test_no_product_module_imports_tests():
-    bad = {str(p.relative_to(ROOT)): sorted(m for m in _imports(p) if m == "tests" or m.startswith("tests."))
-           for p in _product_modules()}
+    bad = {str(p.relative_to(ROOT)): sorted(m for m in imports(p) if m == "tests" or m.startswith("tests."))
+           for p in product_modules()}
     assert not {p: m for p, m in bad.items() if m}
 
 
 def test_only_the_tools_import_the_local_backend_launcher():
-    users = {str(p.relative_to(ROOT)) for p in _product_modules()
-             if any(m == "stratameter.embedded" or m.startswith("stratameter.embedded.") for m in _imports(p))}
+    users = {str(p.relative_to(ROOT)) for p in product_modules()
+             if any(m == "stratameter.embedded" or m.startswith("stratameter.embedded.") for m in imports(p))}
     assert users and all(u.startswith(LAUNCHER_USERS) for u in users), users
 
 

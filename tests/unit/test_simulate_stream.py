@@ -1,4 +1,4 @@
-"""Tests of `stratameter simulate --stream` (service/simulate/stream.py): the
+"""Tests of `stratameter simulate --stream` (service/simulate/stream.py, stream_items.py): the
 engine's bookkeeping on small, hand-checkable cases (arrivals, the threshold
 sample, the vectorised `threshold_after`, a burst running the fixed-population
 design, the paced budget, the evaluation rule) and one seeded simulation of
@@ -11,7 +11,7 @@ import pytest
 
 from stratameter.chunks import lifecycle
 from stratameter.simulate import populations as P
-from stratameter.simulate import arrivals, stream
+from stratameter.simulate import arrivals, stream, stream_items
 from stratameter.stats import allocation, streams
 
 POP = P.builtin("calibrated")
@@ -89,7 +89,7 @@ def test_raised_thresholds_equal_threshold_after():
         m = np.array([rng.integers(0, c.size[r, j] + 1) for r, j in zip(runs, k)])
         want = rng.integers(1, 40, 60)
         tau = np.array([c.u[c.off[r, j] + mm - 1] if mm else 0.0 for r, j, mm in zip(runs, k, m)])
-        got = stream.raised_thresholds(c, runs, k, tau, m, want, now)
+        got = stream_items.raised_thresholds(c, runs, k, tau, m, want, now)
         for i, (r, j) in enumerate(zip(runs, k)):
             seg = slice(c.off[r, j], c.off[r, j] + c.size[r, j])
             u, a = c.u[seg], c.a[seg]

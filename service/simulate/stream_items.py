@@ -1,0 +1,89 @@
+"""What the stream loop (`stream.run_stream`) reads off the drawn items, vectorised over runs.
+
+The service reads a chunk through Redis (its counts, its reservoir under the thresholds, its
+histogram); the simulation's chunks are flat arrays of items laid out per run by (stratum,
+priority) (`arrivals.Chunks`), so a threshold is a prefix of its stratum.  Here are the reads
+the loop makes of that layout, each the vectorised twin of the service's own:
+
+* `arrivals_by_step`: how many of a run's items have arrived by each step of the loop;
+* `raised_thresholds`: `streams.threshold_after` for many (run, stratum) pairs at once;
+* `chunk_calibration`: `labels.calibrated.chunk_calibration` for one run's chunk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..stats import streams
+from ..stats.calibration import resolve_kind
+from ..stats.difference import Calibrated, Labelled, StratumGrid, calibrated_interval, feature
+from ..stats.sketch import ScoreHistogram
+from .arrivals import Chunks, StreamSettings
+
+
+def arrivals_by_step(c: Chunks, dt: float, T: float) -> np.ndarray:
+    """(runs, ceil(T / dt) + 2): per run, the items arrived by each step of ``dt`` seconds (an
+    item arriving at ``a`` is counted from the first step with ``step * dt >= a``; every item
+    arrives before the chunk's end ``T``)."""
+    R, M = c.runs, c.M
+    run_ids = np.arange(R)
+    n_arr = int(math.ceil(T / dt)) + 2
+    a_sorted = c.arr_key.reshape(R, M) - run_ids[:, None] * c.span
+    first_step = np.ceil(a_sorted / dt).astype(np.int64)  # the first step with step * dt >= a
+    first_step -= (first_step - 1) * dt >= a_sorted
+    first_step += first_step * dt < a_sorted
+    has = np.arange(M)[None, :] < c.count[:, None]
+    return np.cumsum(np.bincount((run_ids[:, None] * n_arr + np.minimum(first_step, n_arr - 1))[has],
+                                 minlength=R * n_arr).reshape(R, n_arr), axis=1).astype(np.int64)
+
+
+def raised_thresholds(c: Chunks, runs, k, tau, m, want, now: float) -> np.ndarray:
+    """`streams.threshold_after` for many (run, stratum) pairs at once.
+
+    The free items above a threshold are the arrived items of the stratum
+    past its prefix ``m`` (nothing above a threshold is ever requested), in
+    priority order, so the raised threshold is the priority of the
+    ``min(want, free)``-th arrived item after the prefix (unchanged if none).
+    """
+    runs, k, want = np.asarray(runs), np.asarray(k), np.asarray(want, dtype=np.int64)
+    tau = np.array(tau, dtype=float)
+    if runs.size == 0:
+        return tau
+    base = c.off[runs, k] + m
+    avail = c.size[runs, k] - m
+    width = int(min(max(int(avail.max()), 1), 2 * int(want.max()) + 16))
+    cols = np.arange(width)
+    inside = cols[None, :] < avail[:, None]
+    idx = np.where(inside, base[:, None] + cols[None, :], 0)
+    arrived = inside & (c.a[idx] <= now)
+    cum = np.cumsum(arrived, axis=1)
+    free_seen = cum[:, -1]
+    found = free_seen >= want
+    complete = found | (width >= avail)  # the window saw every free item or enough of them
+    take = np.minimum(want, free_seen)
+    j = np.argmax((cum >= take[:, None]) & arrived, axis=1)
+    ok = complete & (take > 0)
+    tau[ok] = np.maximum(tau[ok], c.u[idx[ok, j[ok]]])
+    for i in np.flatnonzero(~complete):  # rare: many unarrived items above the threshold
+        lo = base[i]
+        seg = slice(lo, lo + avail[i])
+        free = c.u[seg][c.a[seg] <= now]
+        tau[i] = streams.threshold_after(tau[i], free, int(want[i]))
+    return tau
+
+
+def chunk_calibration(c: Chunks, run: int, step: int, now: float, N, lands, fold, closed: bool,
+                      s: StreamSettings) -> Calibrated:
+    """`labels.calibrated.chunk_calibration` for one run's chunk at `step`: the labels landed
+    by then, and the calibration's stratum means from the histogram of the scores arrived by
+    `now` on the run's cuts (as the service reads its chunk's histogram)."""
+    span = slice(run * c.M, (run + 1) * c.M)
+    stratum = c.stratum[span]
+    got = lands[span] <= step
+    hist = ScoreHistogram.from_scores(c.score[span][(c.a[span] <= now) & (stratum < c.K)].astype(float))
+    kind = resolve_kind("auto", hist.min, hist.max)
+    items = Labelled(stratum[got], feature(c.score[span][got].astype(float), kind), c.y[span][got], fold[span][got])
+    return calibrated_interval(N, items, StratumGrid.from_histogram(hist, c.cuts[run], kind), s.confidence, closed,
+                               s.calibration_min_labels)
