@@ -177,9 +177,9 @@ def main(args) -> int:
         return 2
     if args.stream:
         if args.trace is not None:
-            from . import trace
+            from . import trace_command
 
-            return trace.main(args, pop)
+            return trace_command.main(args, pop)
         return stream_command.main(args, pop)
     if args.calibration:
         return _main_calibration(args, pop)
