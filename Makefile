@@ -1,5 +1,5 @@
 # Developer entry points. `make test` is what CI (.ci/run) and the README use.
-#   make venv  - create .venv and install the project with extras [test,plot,peers]
+#   make venv  - create .venv and install the project with extras [test,plot,peers,docs]
 #                (re-installs only when pyproject.toml is newer than the stamp)
 #   make label-studio - create .venv-label-studio with Label Studio (the bridge's tests and
 #                demo; pinned in service/demo/label_studio.py; re-installs when that file is newer)
@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 		rm -rf $(VENV) && "$(PYTHON)" -m venv $(VENV); \
 	fi
 	$(VENV)/bin/python -m pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,plot,peers]'
+	$(VENV)/bin/python -m pip install $(PIP_FLAGS) -e '.[test,plot,peers,docs]'
 	@touch $(STAMP)
 
 label-studio: $(LS_STAMP)
