@@ -1,6 +1,7 @@
-"""README's "Configuration" table and the Helm chart, held to the settings as service/config declares them.
+"""The configuration page's table (docs/reference/configuration.md) and the Helm chart, held to the
+settings as service/config declares them.
 
-Each setting is declared once (service/config/settings.py); these tests fail when the README's
+Each setting is declared once (service/config/settings.py); these tests fail when the page's
 table or the chart (templates, values.yaml, its README) names a variable that does not exist,
 leaves one out, or shows another default, choice list, ``*`` (per classifier) or ``_FILE`` variant.
 """
@@ -20,7 +21,7 @@ from stratameter.config.checks import shown
 yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+CONFIG_PAGE = ROOT / "docs" / "reference" / "configuration.md"
 CHART = ROOT / "helm" / "stratameter"
 FIELDS = Settings.model_fields
 P = "STRATAMETER_"
@@ -33,7 +34,7 @@ NOT_IN_CHART = {"chunk_retention", "history_chunks", "request_retention_seconds"
 
 
 def _default_shown(name: str) -> str | None:
-    """A field's default as README's table writes it (``-`` for none)."""
+    """A field's default as the configuration table writes it (``-`` for none)."""
     field = FIELDS[name]
     if field.default_factory is not None:
         return "hostname-pid"
@@ -54,9 +55,9 @@ def _expand(cell: str, sep_of_stem: str, known: Any = ()) -> list[str]:
     return out
 
 
-def _readme_table() -> dict[str, tuple[str | None, str]]:
-    """``{field: (default as shown, description)}`` from README's configuration table."""
-    section = README.read_text().split("### Configuration\n", 1)[1].split("\n#", 1)[0]
+def _config_table() -> dict[str, tuple[str | None, str]]:
+    """``{field: (default as shown, description)}`` from the configuration page's table."""
+    section = CONFIG_PAGE.read_text().split("# Configuration\n", 1)[1].split("\n#", 1)[0]
     rows: dict[str, tuple[str | None, str]] = {}
     for line in section.splitlines():
         m = re.fullmatch(r"\| `([A-Z_ /]+)` \| (.+?) \| (.*?) \|", line.strip())
@@ -67,42 +68,42 @@ def _readme_table() -> dict[str, tuple[str | None, str]]:
         defaults = [None] * len(names) if cell == "-" else _expand(cell.strip("`"), ".")
         assert len(defaults) == len(names), line
         for name, default in zip(names, defaults):
-            assert name in FIELDS and name not in rows, f"README lists {env_var(name)}: unknown or twice"
+            assert name in FIELDS and name not in rows, f"the configuration page lists {env_var(name)}: unknown or twice"
             rows[name] = (default, m.group(3))
     return rows
 
 
-def test_readme_table_lists_every_setting_once():
-    rows = _readme_table()
-    assert sorted(rows) == sorted(FIELDS), "README's table and service/config disagree on the variables"
+def test_config_table_lists_every_setting_once():
+    rows = _config_table()
+    assert sorted(rows) == sorted(FIELDS), "the configuration table and service/config disagree on the variables"
 
 
-def test_readme_table_defaults_are_the_declared_ones():
-    rows = _readme_table()
+def test_config_table_defaults_are_the_declared_ones():
+    rows = _config_table()
     wrong = {env_var(n): (row[0], _default_shown(n)) for n, row in rows.items() if row[0] != _default_shown(n)}
-    assert not wrong, f"README default vs declared: {wrong}"
+    assert not wrong, f"configuration table default vs declared: {wrong}"
     instance_id = FIELDS["instance_id"].default_factory()  # type: ignore[call-arg,misc]
     assert instance_id.endswith(f"-{os.getpid()}")
 
 
-def test_readme_marks_follow_the_declarations():
-    rows = _readme_table()
+def test_config_table_marks_follow_the_declarations():
+    rows = _config_table()
     starred = {n for n, (_, desc) in rows.items() if desc.rstrip().endswith("*")}
-    assert starred == set(OVERRIDABLE), "README's * (overridable per classifier) vs the fields marked OVERRIDE"
+    assert starred == set(OVERRIDABLE), "the table's * (overridable per classifier) vs the fields marked OVERRIDE"
     from_file = {n for n, (_, desc) in rows.items() if "`_FILE`" in desc}
-    assert from_file == set(FILE_SECRETS), "README's `_FILE` variants vs the fields marked FROM_FILE"
+    assert from_file == set(FILE_SECRETS), "the table's `_FILE` variants vs the fields marked FROM_FILE"
     for name, field in FIELDS.items():
         if "SecretStr" in str(field.annotation):
-            assert "secret" in rows.get(name, ("", ""))[1], f"README does not say {env_var(name)} is a secret"
+            assert "secret" in rows.get(name, ("", ""))[1], f"the configuration table does not say {env_var(name)} is a secret"
 
 
-def test_readme_lists_every_choice():
-    rows = _readme_table()
+def test_config_table_lists_every_choice():
+    rows = _config_table()
     for name, field in FIELDS.items():
         for meta in field.metadata:
             options = getattr(getattr(meta, "func", None), "options", None)
             if options is not None:
-                assert ", ".join(options) in rows.get(name, ("", ""))[1], f"README's {env_var(name)} row lacks {options}"
+                assert ", ".join(options) in rows.get(name, ("", ""))[1], f"the configuration table's {env_var(name)} row lacks {options}"
 
 
 # --------------------------------------------------------------------------- Helm chart
