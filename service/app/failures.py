@@ -59,8 +59,8 @@ def describe_outage(exc: BaseException) -> str:
     batch is retried as in any outage, and the message names the cause and the remedy."""
     if isinstance(exc, OutOfMemoryError):
         return ("Redis is out of memory (maxmemory reached): it refuses writes until it has room; give it "
-                "more memory, or keep less per classifier (RESERVOIR_SIZE, CHUNK_RETENTION; README "
-                f"'Failover and outages'): {describe(exc)}")
+                "more memory, or keep less per classifier (RESERVOIR_SIZE, CHUNK_RETENTION; "
+                f"docs/how-to/operating.md): {describe(exc)}")
     return describe(exc)
 
 

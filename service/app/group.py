@@ -1,6 +1,6 @@
 """Leaving a Kafka consumer group promptly when a consumer stops.
 
-On SIGTERM the service hands its partitions over at once (README, "Failover and
+On SIGTERM the service hands its partitions over at once (docs/how-to/operating.md, "Failover and
 outages"): the consumer must send LeaveGroup when it stops, so the group rebalances
 without waiting a session timeout for the departed member.  aiokafka skips LeaveGroup
 in generation 0, which is the first generation on tansu (the bundled broker,

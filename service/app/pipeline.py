@@ -39,7 +39,7 @@ class PollSize:
     Larger polls make larger INGEST calls (each classifier's share of a poll is one call), so the
     fixed costs of a call, in this process and in Redis, are paid over more records, and a call's
     reservoir candidates are its strata's bottom `RESERVOIR_SIZE` of more records (measured,
-    `stratameter bench`: README, "Benchmark").  But a label answer waits for the poll being
+    `stratameter bench`: docs/development/benchmarks.md).  But a label answer waits for the poll being
     processed, so a fixed large poll made the label round trip slower where the ingest is slow
     (1,000 classifiers: a 20,000-record poll took over a second).  Sizing the poll by the time it
     takes keeps that wait at about `POLL_TARGET_SECONDS` wherever a poll grows past the floor.

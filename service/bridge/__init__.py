@@ -1,7 +1,7 @@
 """Bridges between stratameter's topics and the tools reviewers work in.
 
 ``stratameter bridge label-studio`` (`bridge`): label requests become Label Studio tasks, reviewers'
-annotations come back as labels (README "Reviewing in Label Studio").  Modules: `bridge` (the
+annotations come back as labels (docs/how-to/label-studio.md).  Modules: `bridge` (the
 process: start, loops, readiness probes, `run`), `startup` (its start-up checks), `context` (the
 clients and helpers its parts share), `intake` (label requests in, one task each), `claims` (the
 claim protocol behind "one task per request": a typed state, stored as text in Redis), `answers`

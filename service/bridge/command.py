@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Consumes the label-request topic (its own consumer group, STRATAMETER_BRIDGE_CONSUMER_GROUP), "
                     "creates one Label Studio task per request, and produces each task's first annotation to the "
                     "labels topic (webhook at POST /webhook, polling as a safety net). Settings: STRATAMETER_* "
-                    "(README \"Reviewing in Label Studio\"); metrics, /healthz and /readyz on "
+                    "(docs/how-to/label-studio.md); metrics, /healthz and /readyz on "
                     "STRATAMETER_BRIDGE_HTTP_PORT.")
     ls.set_defaults(handler=main)
 

@@ -3,7 +3,7 @@
 `load_settings()` reads the environment (or a given mapping) and raises `ConfigError` naming the
 variable on any wrong value, e.g. ``STRATAMETER_DELTA: must be in (0, 0.5), got 2``.  Variable names
 are upper case; an empty value counts as unset.  The variables, their defaults and what they do:
-README "Configuration", held to the declarations by tests/unit/test_config_docs.py.
+docs/reference/configuration.md, held to the declarations by tests/unit/test_config_docs.py.
 
 Every setting is declared once, as a field of `Settings` (`settings.py`) with its check (`checks.py`)
 in its ``Annotated[...]``.  Secrets (`KAFKA_SASL_PASSWORD`, `REDIS_PASSWORD`, the Label Studio bridge's

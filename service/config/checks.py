@@ -37,7 +37,7 @@ class Mark(enum.Enum):
     """What a field is besides its type and check, said in its ``Annotated[...]``."""
 
     FROM_FILE = "may instead come from the file named by STRATAMETER_<FIELD>_FILE"
-    OVERRIDE = "per classifier, may differ per classifier (CLASSIFIERS_CONFIG_FILE; README: *)"
+    OVERRIDE = "per classifier, may differ per classifier (CLASSIFIERS_CONFIG_FILE; docs/reference/configuration.md: *)"
     CARRY = "per classifier, the same for all, carried on ClassifierConfig for convenience"
 
 

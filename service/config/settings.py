@@ -3,9 +3,9 @@
 A field reads ``name: Annotated[type, check, mark...] = default``.  The check (`.checks`) runs on
 ``STRATAMETER_<NAME>`` and, for a per-classifier setting, on the overrides file alike; the marks
 (`Mark`) say what else the field is: FROM_FILE (a ``*_FILE`` variant), OVERRIDE (may differ per
-classifier, README's ``*``), CARRY (per classifier, the same for all).  `ClassifierConfig`,
+classifier, docs/reference/configuration.md's ``*``), CARRY (per classifier, the same for all).  `ClassifierConfig`,
 `OVERRIDABLE` and `FILE_SECRETS` are read off these declarations; tests/unit/test_config_docs.py holds
-README's "Configuration" table and the Helm chart to them.
+the configuration table (docs/reference/configuration.md) and the Helm chart to them.
 """
 
 import os
@@ -83,7 +83,7 @@ def _default_instance_id() -> str:
 
 
 class Settings(ClientOptions, BaseSettings):
-    """All settings (README "Configuration").  Build with `load_settings()`.
+    """All settings (docs/reference/configuration.md).  Build with `load_settings()`.
 
     ``Settings()`` reads ``os.environ`` too, and like `load_settings` raises
     `ConfigError` naming the variables.
@@ -147,7 +147,7 @@ class Settings(ClientOptions, BaseSettings):
     # of chunk_seconds and at most history_chunks chunks (none: no window); unset, 1d or what the history holds
     windows: Annotated[str, check(duration_list), CARRY] = "1d"
     # every classifier id creates state, series and a request loop: new ids past this are dead-lettered
-    max_classifiers: AtLeast1 = 5_000  # one replica scrapes 5,000 owned classifiers in ~5 s (README, Scale)
+    max_classifiers: AtLeast1 = 5_000  # one replica scrapes 5,000 owned classifiers in ~5 s (docs/development/benchmarks.md, Scale)
     # process
     # the most a poll takes; polls are sized to the ingest rate (app.pipeline.PollSize), from 5,000 up
     batch_max_records: AtLeast1 = 20_000
@@ -155,7 +155,7 @@ class Settings(ClientOptions, BaseSettings):
     log_level: Annotated[str, one_of(LOG_LEVELS, str.upper)] = "INFO"
     instance_id: Annotated[str, name_chars("the id")] = Field(default_factory=_default_instance_id)
     classifiers_config_file: Path | None = None
-    # the Label Studio bridge (`stratameter bridge label-studio`, README "Reviewing in Label Studio"); the service
+    # the Label Studio bridge (`stratameter bridge label-studio`, docs/how-to/label-studio.md); the service
     # ignores these, the bridge also reads the Kafka, Redis and topic settings above
     label_studio_url: Annotated[str, check(http_url)] = "http://localhost:8080"
     label_studio_token: Password = None  # required by the bridge: Label Studio's API token

@@ -86,6 +86,6 @@ class EnvSource(PydanticBaseSettingsSource):
             if var in known or var in TOOL_VARIABLES or var.startswith(TOOL_PREFIXES):
                 continue
             close = difflib.get_close_matches(var, sorted(known), n=1)
-            errors.append((var, "not a setting of stratameter (README \"Configuration\")"
+            errors.append((var, "not a setting of stratameter (docs/reference/configuration.md)"
                                 + (f"; did you mean {close[0]}?" if close else "")))
         return errors

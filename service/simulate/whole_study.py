@@ -31,7 +31,7 @@ from .study import DesignSummary, _json_number, _pct_over
 from .whole import WholeDesign, WholeTruth, max_labels, prepare_whole, run_whole_budget, run_whole_until_stop
 from .whole_populations import WholeStream
 
-#: The default stratification of the predicted negatives (README "Recall, F1 and accuracy").
+#: The default stratification of the predicted negatives (docs/concepts/statistics.md "Recall, F1 and accuracy").
 DEFAULT_NEGATIVE_STRATIFICATION = WholeDesign().negative_stratification
 
 

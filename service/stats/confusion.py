@@ -51,7 +51,7 @@ METRICS: tuple[str, ...] = ("precision", "recall", "f1", "accuracy")
 #: expansion does not hold and would double the stratum's estimate, so it is
 #: not applied there.
 SHIFT_MIN_EVENTS = 5
-#: How the predicted negatives are stratified by default (README "Recall, F1 and accuracy": their
+#: How the predicted negatives are stratified by default (docs/concepts/statistics.md "Recall, F1 and accuracy": their
 #: false negatives sit near the threshold, which equal-count strata dilute).
 DEFAULT_NEGATIVE_STRATIFICATION = "cum_sqrt_f"
 #: Metrics that need labels of predicted negatives.

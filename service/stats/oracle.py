@@ -17,7 +17,7 @@ when that smoothed variance, in expectation over the labels, must reach
 ``(delta/z)^2``: the floor of every design that stops on the default
 interval, whatever its allocation.  Neither a weaker pull toward 1/2 nor a
 pull toward the stratum's true precision is an honest way under that floor:
-measured in the README ("The Neyman bar and the honest floor"), a
+measured in docs/development/label-efficiency.md ("The Neyman bar and the honest floor"), a
 quarter-label pull drops InConf to 0.93 on `calibrated`, whose top stratum
 holds a few errors in hundreds of labels, and one pseudo-label at the true
 precision to 0.87-0.91 on four populations.  The half label corrects the skew

@@ -3,7 +3,7 @@ driven by Selenium) logs into the real Label Studio, opens a task the bridge mad
 service's label requests, clicks a choice and submits; the service's JSON API then counts the label.
 
 The screenshot of the labelling page (taken after the click, before Submit) is saved in the test's
-temp dir; with ``STRATAMETER_TEST_SCREENSHOT=<path>`` also there (README's ``docs/label-studio.png``
+temp dir; with ``STRATAMETER_TEST_SCREENSHOT=<path>`` also there (``docs/label-studio.png`` of docs/how-to/label-studio.md
 was taken so: ``STRATAMETER_TEST_SCREENSHOT=docs/label-studio.png pytest tests/e2e/test_label_studio_browser.py``).
 """
 

@@ -88,7 +88,7 @@ async def test_all_four_metrics_converge_and_cover_the_truth(kafka_bootstrap, re
 
 async def test_multiclass_accuracy_recipe(kafka_bootstrap, redis_url, unique_name):
     """Score = the model's confidence in its predicted class, every record predicted positive,
-    label = the prediction was right, METRICS=accuracy (README "Multi-class accuracy")."""
+    label = the prediction was right, METRICS=accuracy (docs/how-to/simulate.md "Multi-class accuracy")."""
     rng = np.random.default_rng(9)
     confidence = 0.2 + 0.8 * rng.random(2000)
     right = rng.random(2000) < confidence

@@ -73,7 +73,7 @@ def test_pooled_coverage_at_stop():
 # achieved: calibrated at 0.02 (1.05), svm-margin and logit-underconfident
 # (1.07 at 0.01, 1.14 at 0.02), steep (1.19 / 1.36) and near-perfect
 # (1.20 / 1.66).  Where a stratum is nearly pure no honest design can be:
-# see test_neyman_bar_is_below_the_honest_floor and README "Label efficiency".
+# see test_neyman_bar_is_below_the_honest_floor and docs/development/label-efficiency.md.
 B_CASES = [("calibrated", 0.01), ("flat", 0.01), ("flat", 0.02), ("overconfident", 0.01),
            ("overconfident", 0.02), ("uninformative", 0.01), ("uninformative", 0.02)]
 

@@ -179,7 +179,7 @@ def test_shortfall_round_grows_the_labels_at_most_eightfold():
 
 def test_shortfall_round_is_not_capped_for_recall_or_f1():
     """Accuracy is capped as precision is; with recall or F1 enabled a round takes half of what
-    is missing (README "Rounds after the close": the cap cost them labels)."""
+    is missing (docs/development/label-efficiency.md "Rounds after the close": the cap cost them labels)."""
     from stratameter.stats.confusion import Target
 
     N, n, h, q = [5e4] * 4, [2.0] * 4, [1.0, 2.0, 0.0, 1.0], [0.6, 0.9, 0.05, 0.3]

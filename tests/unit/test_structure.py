@@ -53,7 +53,7 @@ LONG_BECAUSE = re.compile(r"(?:^|[.!?:;]\s+|\n\s*)Long because\b")
 
 #: The product's packages, bottom first: a package may import only packages of lower layers.
 #: `stats` and `schemas` (the pure statistics and the wire format) are the bottom, the data path
-#: (ARCHITECTURE.md) runs up from Redis (`state`) through ingest, labels and the request loop to
+#: (docs/development/architecture.md) runs up from Redis (`state`) through ingest, labels and the request loop to
 #: the views and the gauges, `app` wires the service, and the tools (`stratameter simulate`,
 #: `bench`, `soak`, `demo`, `cli`) sit on top.
 LAYERS: tuple[frozenset[str], ...] = (
