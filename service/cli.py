@@ -1,4 +1,4 @@
-"""The `stratameter` command: run, simulate, bench, soak, demo, backends, bridge."""
+"""The `stratameter` command: run, config, simulate, peers, bench, soak, demo, backends, bridge."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 # Subcommands live in their own packages; each module exposes add_parser(sub).
 SUBCOMMANDS = (
     "stratameter.app.command",
+    "stratameter.config.command",
     "stratameter.simulate.command",
     "stratameter.simulate.peers_command",
     "stratameter.bench.command",

@@ -8,7 +8,10 @@ import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run the monitoring service (settings from STRATAMETER_* env vars)")
+    p = sub.add_parser("run", help="run the monitoring service (settings from STRATAMETER_* env vars)",
+                       description="Run the monitoring service. Every setting is a STRATAMETER_* environment "
+                                   "variable (docs/reference/configuration.md); `stratameter config` checks them and "
+                                   "prints the effective values with their sources.")
     p.set_defaults(handler=main)
 
 
