@@ -49,12 +49,13 @@ async def route(service, method: str, path: str) -> bytes:
     if path == "/metrics":
         return _response(200, await service.render_metrics(), CONTENT_TYPE_LATEST)
     if path == "/v1/classifiers":
-        return _response(200, orjson.dumps(await service.store.classifiers()))
+        return _response(200, orjson.dumps(await service.store.registry.classifiers()))
     if path.startswith("/v1/classifiers/"):
         cid = unquote(path[len("/v1/classifiers/"):])
         if not is_classifier_id(cid):
             return _error(400, f"classifier id must be {CLASSIFIER_ID_RULE}")
-        doc = await views.classifier_view(service.store, cid, service.settings.for_classifier(cid))
+        doc = await views.classifier_view(service.store.chunks, service.process, cid,
+                                          service.settings.for_classifier(cid))
         if doc is None:
             return _error(404, f"unknown classifier {cid!r}")
         return _response(200, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY, default=float))
