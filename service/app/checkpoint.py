@@ -26,8 +26,14 @@ class Checkpoint:
     """Stage, apply, commit: the one place where exactly-once is decided.
 
     1. `stage`: parse each partition batch of a poll and, for scores, aggregate it into
-       INGEST calls (CPU work; Redis is only read).  Nothing is written, so the next poll
-       can be staged while the previous one is applied.
+       INGEST calls (CPU work).  Staging reads Redis (the classifiers there are, the states'
+       stored offsets, the chunks' strata and histograms) and writes one thing: a chunk the
+       batch is the first to reach is opened with its strata (OPEN_CHUNK, in
+       `ScoreIngestor.prepare`).  That write counts nothing and moves no offset: the first
+       opener's cuts win and every later one (a retry, another instance, the next poll) reads
+       them, and a chunk opened by a batch not applied yet holds no data and is listed by no
+       reader until an INGEST adds to it.  So the next poll can be staged while the previous
+       one is applied.
     2. `apply`: apply each staged partition batch (`batch.BatchHandler.apply`): the
        classifiers' state, the service-wide counts, then the batch's dead letters, produced
        and acknowledged by the broker.  Every state write is an atomic Lua script that
