@@ -52,12 +52,13 @@ async def route(service, method: str, path: str) -> bytes:
     if path == "/metrics":
         return _response(200, await service.render_metrics(), CONTENT_TYPE_LATEST)
     if path == "/v1/classifiers":
-        return _response(200, orjson.dumps(await service.store.classifiers()))
+        return _response(200, orjson.dumps(await service.store.registry.classifiers()))
     if path.startswith("/v1/classifiers/"):
         cid = unquote(path[len("/v1/classifiers/"):])
         if not is_classifier_id(cid):
             return _error(400, f"classifier id must be {CLASSIFIER_ID_RULE}")
-        doc = await views.classifier_view(service.store, cid, service.settings.for_classifier(cid))
+        doc = await views.classifier_view(service.store.chunks, service.process, cid,
+                                          service.settings.for_classifier(cid))
         if doc is None:
             return _error(404, f"unknown classifier {cid!r}")
         return _response(200, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY, default=float))
@@ -69,14 +70,16 @@ async def route(service, method: str, path: str) -> bytes:
 async def _page(service, path: str) -> bytes:
     """The status page (`page`): the overview at ``/``, one classifier at ``/classifiers/{id}``."""
     if path == "/":
-        ids = sorted(await service.store.classifiers())
-        docs = [await views.classifier_view(service.store, cid, service.settings.for_classifier(cid), history=False)
+        ids = sorted(await service.store.registry.classifiers())
+        docs = [await views.classifier_view(service.store.chunks, service.process, cid,
+                                            service.settings.for_classifier(cid), history=False)
                 for cid in ids[:page.OVERVIEW_LIMIT]]
         return _response(200, page.overview_page([d for d in docs if d is not None], len(ids)).encode(), HTML)
     cid = unquote(path[len("/classifiers/"):])
     doc = None
     if is_classifier_id(cid):
-        doc = await views.classifier_view(service.store, cid, service.settings.for_classifier(cid))
+        doc = await views.classifier_view(service.store.chunks, service.process, cid,
+                                          service.settings.for_classifier(cid))
     if doc is None:
         return _error(404, f"unknown classifier {cid!r}")
     return _response(200, page.classifier_page(doc).encode(), HTML)

@@ -16,7 +16,9 @@ from ..chunks.report import StrataColumns, chunk_report
 from ..chunks.window import WindowPart, WindowReport, window_chunks, window_lengths, window_report
 from ..labels.calibrated import calibration_doc, chunk_calibrations
 from ..state.keys import first_negative_stratum, negatives_of
-from ..state.store import ChunkState, Store
+from ..state.chunk_store import ChunkStore
+from ..state.process import ProcessState
+from ..state.records import ChunkState
 from ..stats.confusion import needs_negatives
 from ..stats.difference import Calibrated
 from ..stats.estimator import Interval
@@ -136,7 +138,7 @@ def reported_chunk(chunks: list[dict], starts: list[float], now_s: float) -> dic
     return started[-1]
 
 
-async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> dict | None:
+async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cfg, history: bool = True) -> dict | None:
     """The `GET /v1/classifiers/{id}` document (None for an unknown id).  Without `history` (what
     the gauges need) only the chunks a scrape shows are read: the two newest started (the reported
     one among them), the last closed one, and the chunks of the longest window, of which only the
@@ -149,7 +151,7 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
         return None
     ids_by_side = [summary["chunk_ids"]] + [o["chunk_ids"] for o in other]
     wanted, viewed = _to_read(sorted(set().union(*ids_by_side)), cfg, now_s, history)
-    found = [{c.chunk: c for c in await store.chunks(sid, [t for t in wanted if t in set(side_ids)])}
+    found = [{c.chunk: c for c in await store.chunk_states(sid, [t for t in wanted if t in set(side_ids)])}
              for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
     # precision too where it is not enabled: the top-level fields describe it
@@ -157,7 +159,7 @@ async def classifier_view(store: Store, cid: str, cfg, history: bool = True) -> 
     unpaired = summary["meta"].get("unpaired_through_ms")
     complete = {t: lifecycle.counted_whole(t, cfg.chunk_seconds, None if unpaired is None else int(unpaired))
                 if other else None for t in ids}
-    whole = {t: lifecycle.counted_whole(t, cfg.chunk_seconds, store.lost_through_ms) for t in ids}
+    whole = {t: lifecycle.counted_whole(t, cfg.chunk_seconds, process.lost_through_ms) for t in ids}
     calibrations = {}
     for t in ids[-cfg.chunk_retention:]:  # older: no histogram kept
         if t in found[0] and whole[t] and t in viewed:

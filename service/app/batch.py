@@ -21,8 +21,10 @@ from ..ingest.admission import ClassifierAdmission
 from ..ingest.ingestor import PreparedBatch, ScoreIngestor
 from ..labels.folder import LabelFolder
 from ..state.keys import UNKNOWN_LABELS_SCOPE
+from ..state.offset_store import OffsetStore
 from ..state.offsets import Acknowledged, check_not_rolled_back
-from ..state.store import Store
+from ..state.process import ProcessState
+from ..state.registry import Registry
 from .deadletters import DeadLetters
 from .failures import redis_outage
 from .records import KafkaRecord
@@ -58,8 +60,8 @@ class GlobalCounts:
     names no classifier), guarded per scope and partition by the offset stored beside them,
     like a classifier's state.  Caches the offsets it last stored (`forget` on rebalance)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, offset_store: OffsetStore) -> None:
+        self.offset_store = offset_store
         self.offsets: dict[tuple[str, int], int] = {}
 
     def forget(self) -> None:
@@ -67,15 +69,16 @@ class GlobalCounts:
 
     async def add_invalid(self, topic: str, partition: int, by_offset: dict[int, str], last: int) -> None:
         """Count the rejected records (offset -> reason) of a batch ending at offset `last`."""
-        await self._add(topic, partition, by_offset, last, lambda: self.store.invalid_offset(topic, partition),
-                        lambda base, counts: self.store.count_invalid(topic, partition, base, last, counts))
+        await self._add(topic, partition, by_offset, last,
+                        lambda: self.offset_store.invalid_offset(topic, partition),
+                        lambda base, counts: self.offset_store.count_invalid(topic, partition, base, last, counts))
 
     async def add_unknown_labels(self, partition: int, offsets: list[int], last: int) -> None:
         """Count the labels (by offset) naming no classifier of a batch ending at offset `last`."""
         await self._add(UNKNOWN_LABELS_SCOPE, partition, dict.fromkeys(offsets, "unknown"), last,
-                        lambda: self.store.unknown_labels_offset(partition),
-                        lambda base, counts: self.store.count_unknown_labels(partition, base, last,
-                                                                             counts.get("unknown", 0)))
+                        lambda: self.offset_store.unknown_labels_offset(partition),
+                        lambda base, counts: self.offset_store.count_unknown_labels(partition, base, last,
+                                                                                    counts.get("unknown", 0)))
 
     async def _add(self, scope: str, partition: int, by_offset: dict[int, str], last: int,
                    read: Callable[[], Awaitable[int]],
@@ -100,13 +103,16 @@ class GlobalCounts:
 
 
 class BatchHandler:
-    """Stages and applies partition batches (see `checkpoint.Checkpoint` for the order)."""
+    """Stages and applies partition batches (see `checkpoint.Checkpoint` for the order).
+    `registry`: the classifiers there are (`ingest.admission`); `process`: the first topics
+    (`offset_field`)."""
 
     def __init__(self, settings: Settings, ingestor: ScoreIngestor, folder: LabelFolder, counts: GlobalCounts,
-                 dead_letters: DeadLetters, wake: asyncio.Event) -> None:
+                 dead_letters: DeadLetters, wake: asyncio.Event, registry: Registry, process: ProcessState) -> None:
         self.settings, self.ingestor, self.folder = settings, ingestor, folder
         self.counts, self.dead_letters, self.wake = counts, dead_letters, wake
-        self.admission = ClassifierAdmission(ingestor.store, settings.max_classifiers)
+        self.admission = ClassifierAdmission(registry, settings.max_classifiers)
+        self.process = process
 
     def offset_field(self, tp: TopicPartition) -> int | str:
         """The name the state keeps a partition's last applied offset under (the offset guards of
@@ -114,7 +120,7 @@ class BatchHandler:
         written from, ``<topic>:<partition>`` for any other.  Offsets count the records of one topic,
         and a new one (renamed, on another cluster) numbers its records from 0 again: under the
         old partition's offset its records read as replays and were dropped without a word."""
-        scores, labels = self.ingestor.store.first_topics or (self.settings.topic_scores, self.settings.topic_labels)
+        scores, labels = self.process.first_topics or (self.settings.topic_scores, self.settings.topic_labels)
         return tp.partition if tp.topic in (scores, labels) else f"{tp.topic}:{tp.partition}"
 
     def acknowledged(self, tp: TopicPartition) -> tuple[Acknowledged, int | str]:

@@ -8,6 +8,7 @@ import logging
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from ..state.offset_store import OffsetStore
 from ..state.offsets import StateRolledBack, applied_field
 from .batch import BatchHandler, StagedBatch
 from .consumer import KafkaClients
@@ -25,8 +26,14 @@ class Checkpoint:
     """Stage, apply, commit: the one place where exactly-once is decided.
 
     1. `stage`: parse each partition batch of a poll and, for scores, aggregate it into
-       INGEST calls (CPU work; Redis is only read).  Nothing is written, so the next poll
-       can be staged while the previous one is applied.
+       INGEST calls (CPU work).  Staging reads Redis (the classifiers there are, the states'
+       stored offsets, the chunks' strata and histograms) and writes one thing: a chunk the
+       batch is the first to reach is opened with its strata (OPEN_CHUNK, in
+       `ScoreIngestor.prepare`).  That write counts nothing and moves no offset: the first
+       opener's cuts win and every later one (a retry, another instance, the next poll) reads
+       them, and a chunk opened by a batch not applied yet holds no data and is listed by no
+       reader until an INGEST adds to it.  So the next poll can be staged while the previous
+       one is applied.
     2. `apply`: apply each staged partition batch (`batch.BatchHandler.apply`): the
        classifiers' state, the service-wide counts, then the batch's dead letters, produced
        and acknowledged by the broker.  Every state write is an atomic Lua script that
@@ -37,8 +44,9 @@ class Checkpoint:
        skipped.  Only a batch applied in full has its next offset recorded for commit.
     3. `commit`: copy the offsets the states' guards acknowledged service-wide
        (``Keys.acknowledged``) and note the recorded offsets as the partitions' applied marks
-       (``Keys.applied``), then commit them to Kafka (in the background, at most every
-       `COMMIT_INTERVAL_S`, and once more when the service stops).
+       (``Keys.applied``), both through `marks` (`state.offset_store.OffsetStore`), then commit
+       them to Kafka (in the background, at most every `COMMIT_INTERVAL_S`, and once more when
+       the service stops).
 
     Why each record changes the state exactly once, without Kafka transactions: an offset
     is committed only after its batch was applied in full (2 before 3).  A crash before
@@ -62,8 +70,8 @@ class Checkpoint:
     """
 
     def __init__(self, batches: BatchHandler, kafka: KafkaClients, health: Health, stopping: asyncio.Event,
-                 wake: asyncio.Event) -> None:
-        self.batches, self.kafka, self.health = batches, kafka, health
+                 wake: asyncio.Event, marks: OffsetStore) -> None:
+        self.batches, self.kafka, self.health, self.marks = batches, kafka, health, marks
         self.stopping, self.wake = stopping, wake
         self._to_commit: dict[TopicPartition, OffsetAndMetadata] = {}
         self._noted: dict[TopicPartition, int] = {}  # the applied mark this process noted last
@@ -106,7 +114,7 @@ class Checkpoint:
                 self.health.redis_ok()
                 return True
             except StateRolledBack as exc:  # the next start reads the partition again from there
-                await self.batches.ingestor.store.lower_applied(applied_field(tp.topic, tp.partition), exc.stored + 1)
+                await self.marks.lower_applied(applied_field(tp.topic, tp.partition), exc.stored + 1)
                 raise
             except Exception as exc:
                 if not redis_outage(exc):
@@ -148,7 +156,7 @@ class Checkpoint:
         tps = [tp for tp in commits if tp in owned]
         if not tps:
             return
-        before = await self.batches.ingestor.store.note_applied(
+        before = await self.marks.note_applied(
             {applied_field(tp.topic, tp.partition): (self._noted.get(tp, -1), commits[tp].offset) for tp in tps})
         for tp, mark in zip(tps, before):
             if mark is not None and mark < self._noted.get(tp, -1):
@@ -168,7 +176,7 @@ class Checkpoint:
             for sid, fields in side.fields(new).items():
                 by_state.setdefault(sid, {}).update(fields)
         try:
-            await self.batches.ingestor.store.note_acknowledged(by_state)
+            await self.marks.note_acknowledged(by_state)
         except BaseException:
             for side, new in zip(sides, taken):
                 side.give_back(new)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from ..state.store import Store
+from ..state.registry import Registry
 
 #: Lease TTL; a lease is renewed every third of it.
 LEASE_MS = 10_000
@@ -40,8 +40,8 @@ class Leases:
     """This instance's leases: which classifiers it owns now, and whether it exports the
     service-wide series (it is the rendezvous owner of `GLOBAL_SERIES_OWNER`)."""
 
-    def __init__(self, store: Store, instance: str) -> None:
-        self.store, self.instance = store, instance
+    def __init__(self, registry: Registry, instance: str) -> None:
+        self.registry, self.instance = registry, instance
         self.owned: set[str] = set()
         self.exports_global = True  # until the first heartbeat says otherwise
         self._free_since: dict[str, float] = {}
@@ -50,10 +50,10 @@ class Leases:
         """Take or keep the leases this instance should hold, hand over the others (the leases
         taken or kept in one pipeline: a replica may own thousands)."""
         me = self.instance
-        live = await self.store.heartbeat(me, int(time.time() * 1000), LEASE_MS)
+        live = await self.registry.heartbeat(me, int(time.time() * 1000), LEASE_MS)
         self.exports_global = preferred_owner(GLOBAL_SERIES_OWNER, live) == me
-        cids = await self.store.classifiers()
-        holders = await self.store.lease_holders(cids)
+        cids = await self.registry.classifiers()
+        holders = await self.registry.lease_holders(cids)
         take = []
         for cid in cids:
             holder = holders[cid]
@@ -67,16 +67,16 @@ class Leases:
             if holder != me:
                 continue
             if not preferred and preferred_owner(cid, live) is not None:
-                await self.store.release_lease(cid, me)  # hand over to the preferred live instance
+                await self.registry.release_lease(cid, me)  # hand over to the preferred live instance
             else:
                 take.append(cid)
-        held = await self.store.acquire_leases(take, me, LEASE_MS)
+        held = await self.registry.acquire_leases(take, me, LEASE_MS)
         self.owned = {cid for cid, ok in zip(take, held) if ok}
         self._free_since = {c: t for c, t in self._free_since.items() if c in holders}
 
     async def release_all(self) -> None:
         """On shutdown: give every lease back so another instance takes over at once."""
         for cid in list(self.owned):
-            await self.store.release_lease(cid, self.instance)
+            await self.registry.release_lease(cid, self.instance)
         self.owned = set()
-        await self.store.leave(self.instance)
+        await self.registry.leave(self.instance)

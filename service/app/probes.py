@@ -23,6 +23,7 @@ from ..config import Settings, mask_url
 from ..errors import StartupError, describe
 from ..metrics.redis_errors import redis_error_cause
 from ..state.keys import Keys
+from ..state.registry import Registry
 from .failures import describe_outage
 from .lifecycle import pause
 
@@ -103,13 +104,13 @@ async def check_redis(redis: Redis, settings: Settings) -> bool:
         return False
 
 
-async def check_chunk_seconds(store, settings: Settings) -> None:
+async def check_chunk_seconds(registry: Registry, settings: Settings) -> None:
     """Raise `StartupError` when the state under the key prefix was written with another
     ``CHUNK_SECONDS``: a chunk id counts chunks of that length since the epoch, so under another
     one the old ids would read as chunks of other times (a longer chunk put them centuries ahead,
     where they counted as the newest: the retention purged the chunk being sampled and then never
     purged again).  The first start notes the length."""
-    stored = await store.stored_chunk_seconds(settings.chunk_seconds)
+    stored = await registry.stored_chunk_seconds(settings.chunk_seconds)
     if stored != settings.chunk_seconds:
         raise StartupError(
             f"STRATAMETER_CHUNK_SECONDS is {settings.chunk_seconds}, but the state under "

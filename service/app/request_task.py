@@ -12,6 +12,7 @@ import time
 
 from ..config import Settings
 from ..requests.loop import RequestLoop
+from ..state.process import ProcessState
 from ..state.store import Store
 from .consumer import KafkaClients
 from .failures import REDIS_OUTAGES, ClassifierFailures, describe_outage
@@ -23,12 +24,12 @@ log = logging.getLogger(__name__)
 
 
 class RequestTask:
-    def __init__(self, store: Store, settings: Settings, kafka: KafkaClients, leases: Leases, health: Health,
-                 stopping: asyncio.Event, wake: asyncio.Event, failures: ClassifierFailures) -> None:
+    def __init__(self, store: Store, process: ProcessState, settings: Settings, kafka: KafkaClients, leases: Leases,
+                 health: Health, stopping: asyncio.Event, wake: asyncio.Event, failures: ClassifierFailures) -> None:
         self.settings, self.kafka, self.leases, self.health = settings, kafka, leases, health
         self.failures = failures
         self.stopping, self.wake = stopping, wake
-        self.loop = RequestLoop(store, settings, self.publish)
+        self.loop = RequestLoop(store, process, settings, self.publish)
         self._republished: set[str] = set()  # owned classifiers whose outbox is known published (`_step`)
 
     async def publish(self, records: list[tuple[str, bytes]]) -> None:

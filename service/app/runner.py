@@ -22,6 +22,7 @@ from ..errors import StartupError
 from ..ingest.ingestor import ScoreIngestor
 from ..labels.folder import LabelFolder
 from ..metrics.exposition import render
+from ..state.process import ProcessState
 from ..state.store import Store
 from .batch import BatchHandler, GlobalCounts
 from .checkpoint import Checkpoint
@@ -56,6 +57,9 @@ class Service:
         self.settings = settings
         self.redis = settings.redis_client()
         self.store = Store(self.redis, settings.redis_key_prefix)
+        # the loss epoch and the first topics: noted by the start checks and the state watch, read by
+        # the batches, the request loop and the views
+        self.process = ProcessState()
         self.stopping = asyncio.Event()
         self._started_checks = False  # `_start_checks` passed: the writing loops may run
         self.wake = asyncio.Event()  # state changed: the request loop looks again
@@ -63,18 +67,19 @@ class Service:
         self.lag: dict[tuple[str, int], int] = {}
         self.health = Health()
         self.ingestor = ScoreIngestor(self.store, settings)
-        self.counts = GlobalCounts(self.store)
+        self.counts = GlobalCounts(self.store.offsets)
         self.kafka = KafkaClients(settings, Rebalance(self._revoked, self._assigned))
         self.dead_letters = DeadLetters(self.kafka, settings.topic_dead_letter, settings.dead_letter_max_per_second)
-        self.batches = BatchHandler(settings, self.ingestor, LabelFolder(self.store), self.counts, self.dead_letters,
-                                    self.wake)
-        self.checkpoint = Checkpoint(self.batches, self.kafka, self.health, self.stopping, self.wake)
+        self.batches = BatchHandler(settings, self.ingestor, LabelFolder(self.store.requests), self.counts,
+                                    self.dead_letters, self.wake, self.store.registry, self.process)
+        self.checkpoint = Checkpoint(self.batches, self.kafka, self.health, self.stopping, self.wake,
+                                     self.store.offsets)
         self.pipeline = Pipeline(settings, self.kafka, self.checkpoint, self.stopping, self.lag)
-        self.leases = Leases(self.store, settings.instance_id)
+        self.leases = Leases(self.store.registry, settings.instance_id)
         self.failures = ClassifierFailures()  # what the request loop and the scrape confine to a classifier
-        self.requests = RequestTask(self.store, settings, self.kafka, self.leases, self.health, self.stopping,
-                                    self.wake, self.failures)
-        self.state_watch = StateWatch(self.store, settings, self.kafka, self.batches)  # Redis losing the state
+        self.requests = RequestTask(self.store, self.process, settings, self.kafka, self.leases, self.health,
+                                    self.stopping, self.wake, self.failures)
+        self.state_watch = StateWatch(self.store, self.process, settings, self.kafka, self.batches)  # Redis losing it
         self._checking = asyncio.Lock()  # the writing loops' start checks run once (`_once_checked`)
 
     # what the HTTP API and the metrics read
@@ -153,8 +158,11 @@ class Service:
             return True
 
     async def _note_settings(self) -> tuple[str, str]:
-        await check_chunk_seconds(self.store, self.settings)
-        return await self.store.noted_topics(self.settings.topic_scores, self.settings.topic_labels)
+        """The chunk length the state was written with (checked), and its first topics (kept)."""
+        registry = self.store.registry
+        await check_chunk_seconds(registry, self.settings)
+        self.process.first_topics = await registry.noted_topics(self.settings.topic_scores, self.settings.topic_labels)
+        return self.process.first_topics
 
     async def _probe_kafka(self) -> None:
         await self.kafka.producer.client.fetch_all_metadata()

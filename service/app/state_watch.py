@@ -9,13 +9,13 @@ describe part of a chunk as if it were all of it.  The loss is seen two ways:
 * while running, the ``settings`` a start notes gone, or noted afresh by another replica's start
   (their ``started_ms`` changed; checked with each readiness probe).
 
-Either notes ``lost_through_ms`` (`Store.note_state_lost`): the latest event time a record counted
-before the loss can have (now, plus the accepted clock skew).  A chunk starting at or before it
-is not counted whole (`chunks.lifecycle.counted_whole`): never sampled, its estimates null, and the
-API says ``complete: false``; later chunks are whole again.  The mark is kept on the store for the
-request loop and the views (``Store.lost_through_ms``), refreshed from Redis with every probe, so
-every replica follows the one that saw the loss.  Each loss this process sees is logged as an
-error and counted (``stratameter_redis_state_lost_total``).
+Either notes ``lost_through_ms`` (`Registry.note_state_lost`): the latest event time a record
+counted before the loss can have (now, plus the accepted clock skew).  A chunk starting at or before
+it is not counted whole (`chunks.lifecycle.counted_whole`): never sampled, its estimates null, and
+the API says ``complete: false``; later chunks are whole again.  This process keeps the mark in its
+`ProcessState` (``lost_through_ms``) for the request loop and the views, refreshed from Redis with
+every probe, so every replica follows the one that saw the loss.  Each loss this process sees is
+logged as an error and counted (``stratameter_redis_state_lost_total``).
 
 Redis can also lose only its last writes (restarted from an older snapshot or from an append-only
 file not yet synced, a replica promoted before it had them): the state went back, and the offsets
@@ -40,6 +40,7 @@ from ..config import Settings
 from ..errors import describe
 from ..state.keys import negatives_of
 from ..state.offsets import Acknowledged, acknowledged_field, applied_field
+from ..state.process import ProcessState
 from ..state.store import Store
 from .batch import BatchHandler
 from .consumer import KafkaClients
@@ -48,9 +49,15 @@ log = logging.getLogger(__name__)
 
 
 class StateWatch:
-    def __init__(self, store: Store, settings: Settings, kafka: KafkaClients, batches: BatchHandler | None = None
-                 ) -> None:
-        self.store, self.settings, self.kafka = store, settings, kafka
+    """Sees Redis losing the state, or going back (see the module's doc).  Of `store` it uses the
+    registry (the noted settings, the classifiers) and the offsets (the applied marks, the
+    acknowledged offsets, the states' offsets); it writes `process`'s ``lost_through_ms`` and
+    reads its ``first_topics``."""
+
+    def __init__(self, store: Store, process: ProcessState, settings: Settings, kafka: KafkaClients,
+                 batches: BatchHandler | None = None) -> None:
+        self.registry, self.offsets, self.process = store.registry, store.offsets, process
+        self.settings, self.kafka = settings, kafka
         self.batches = batches  # the states' acknowledged offsets (`_states_gone_back`); None: not checked
         self.losses = 0  # losses this process saw
         self.rollbacks = 0  # partitions this process read again (from their applied marks or a state's offset)
@@ -60,27 +67,27 @@ class StateWatch:
     async def check_at_start(self) -> None:
         """Whether the state began just now although the consumer group consumed before."""
         try:
-            if await self.store.begin_state(_now_ms()) and await self._consumed_before():
+            if await self.registry.begin_state(_now_ms()) and await self._consumed_before():
                 await self._lost("there was no state at start, but the consumer group "
                                  f"{self.settings.kafka_consumer_group!r} has committed offsets on "
                                  f"{self.settings.topic_scores!r}")
             else:
-                _, self.store.lost_through_ms, self._started = await self.store.state_marks()
+                _, self.process.lost_through_ms, self._started = await self.registry.state_marks()
         except Exception as exc:  # noqa: BLE001 - never keeps the service from starting
             log.warning("could not check whether Redis lost the state: %s", describe(exc))
         self._watching = True
 
     async def check(self) -> None:
         """With each readiness probe: the settings still noted as they were (else the state was
-        lost), and the service-wide mark copied to the store."""
-        noted, lost, started = await self.store.state_marks()
+        lost), and the service-wide mark copied to the process state."""
+        noted, lost, started = await self.registry.state_marks()
         if not self._watching:
-            self.store.lost_through_ms = lost
-        elif not noted or (lost is None and self.store.lost_through_ms is not None):
+            self.process.lost_through_ms = lost
+        elif not noted or (lost is None and self.process.lost_through_ms is not None):
             await self._lost("the settings noted at start are gone")
-        elif lost != self.store.lost_through_ms:  # another replica saw a loss: follow it
-            self.store.forget_registrations()
-            self.store.lost_through_ms, self._started = lost, started
+        elif lost != self.process.lost_through_ms:  # another replica saw a loss: follow it
+            self.registry.forget_registrations()
+            self.process.lost_through_ms, self._started = lost, started
         elif self._started is not None and started != self._started:
             # a replica started on the emptied Redis before this one's probe, and could not tell
             # (a classifier was listed again meanwhile): its start noted the settings afresh
@@ -126,7 +133,7 @@ class StateWatch:
 
     async def _marks_gone_back(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, str]]:
         """partition -> (its applied mark, why) where the offset Kafka committed lies above the mark."""
-        marks = await self.store.applied_marks([applied_field(tp.topic, tp.partition) for tp in tps])
+        marks = await self.offsets.applied_marks([applied_field(tp.topic, tp.partition) for tp in tps])
         marked = [(tp, mark) for tp, mark in zip(tps, marks) if mark is not None]
         offsets = await asyncio.gather(*(self.kafka.consumer.committed(tp) for tp, _ in marked))
         return {tp: (mark, f"the mark Redis kept of what its state applied, instead of the committed {committed}")
@@ -141,18 +148,18 @@ class StateWatch:
         state holding no offset on the partition (forgotten, or lost whole) is not replayed."""
         if self.batches is None or not tps:
             return {}
-        cids = await self.store.classifiers()
+        cids = await self.registry.classifiers()
         sids = [sid for cid in cids for sid in (cid, negatives_of(cid))]
         sides = {tp: self._side(tp) for tp in tps}
-        noted = await self.store.acknowledged_offsets(sids, sorted({field for _, _, field in sides.values()}))
+        noted = await self.offsets.acknowledged_offsets(sids, sorted({field for _, _, field in sides.values()}))
         states: dict[str, list[str]] = {}  # field -> the states with an acknowledged offset there
         for sid, fields in noted.items():
             for field in fields:
                 states.setdefault(field, []).append(sid)
         checked = [(tp, side, partition, field) for tp, (side, partition, field) in sides.items() if field in states]
-        held = await asyncio.gather(*(
-            (self.store.scores_offsets if side.kind == "scores" else self.store.labels_offsets)(states[field], partition)
-            for _, side, partition, field in checked))
+        stored_offsets = {"scores": self.offsets.scores_offsets, "labels": self.offsets.labels_offsets}
+        held = await asyncio.gather(*(stored_offsets[side.kind](states[field], partition)
+                                      for _, side, partition, field in checked))
         out: dict[TopicPartition, tuple[int, str]] = {}
         for (tp, side, partition, field), stored_by_state in zip(checked, held):
             for sid in states[field]:
@@ -180,9 +187,10 @@ class StateWatch:
     async def _lost(self, how: str) -> None:
         now = _now_ms()
         through = now + 1000 * self.settings.max_event_time_skew_seconds
-        self._started = await self.store.note_state_lost(through, self.settings.chunk_seconds, now)
-        self.store.lost_through_ms = through
-        self.store.forget_registrations()
+        self._started = await self.registry.note_state_lost(through, self.settings.chunk_seconds, now,
+                                                            self.process.first_topics)
+        self.process.lost_through_ms = through
+        self.registry.forget_registrations()
         self.losses += 1
         log.error(f"Redis lost the state under STRATAMETER_REDIS_KEY_PREFIX {self.settings.redis_key_prefix!r} "
                   f"({how}): a Redis without persistence restarted, or the keys were deleted.  The chunks "

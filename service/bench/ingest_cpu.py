@@ -78,7 +78,7 @@ async def one_ingest(redis_url: str, metrics: str, halves: list[list], records: 
                 prepared = await ingestor.prepare(
                     partition, offsets[batch.index], batch.classifier_id, batch.item_id, batch.score,
                     batch.predicted_positive, batch.event_time_ms, batch.context)
-                payloads += [call[4] for _, call in prepared.calls]
+                payloads += [call.payload for _, call in prepared.calls]
                 await ingestor.submit(prepared)
             python_s, redis_s = time.process_time() - cpu0, await redis_cpu_seconds(redis) - redis0
             out[name] = {"python": round(python_s / records * 1e6, 3), "redis": round(redis_s / records * 1e6, 3),

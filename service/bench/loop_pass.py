@@ -46,6 +46,7 @@ async def one_setting(redis_url: str, classifiers: int, older: int) -> dict:
     from ..config import load_settings
     from ..requests.loop import RequestLoop
     from ..stats import streams
+    from ..state.process import ProcessState
     from ..state.store import Store
 
     prefix = f"bench-loop-{uuid.uuid4().hex[:8]}"
@@ -67,9 +68,9 @@ async def one_setting(redis_url: str, classifiers: int, older: int) -> dict:
         # stopped (`streams.arrivals_flowing`), so every pass plans the same way whenever it runs (while
         # it flows, the paced thresholds rise with the clock and a pass may issue a few more requests)
         await asyncio.sleep(2 * streams.min_silence(CHUNK_SECONDS))
-        loop = RequestLoop(store, settings, publish)
+        loop = RequestLoop(store, ProcessState(), settings, publish)
         for cid in cids:
-            if not await store.acquire_lease(cid, "bench", 3_600_000):
+            if not await store.registry.acquire_lease(cid, "bench", 3_600_000):
                 raise RuntimeError(f"could not take the lease of {cid}")
         wall, cpu, commands = [], [], []
         for p in range(2 + PASSES):

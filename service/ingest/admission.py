@@ -14,14 +14,14 @@ the cap by at most the new ids of one batch per replica.
 
 from __future__ import annotations
 
-from ..state.store import Store
+from ..state.registry import Registry
 
 
 class ClassifierAdmission:
     """Which classifier ids of a batch may create or update state (`refused`)."""
 
-    def __init__(self, store: Store, cap: int) -> None:
-        self.store, self.cap = store, cap
+    def __init__(self, registry: Registry, cap: int) -> None:
+        self.registry, self.cap = registry, cap
         self.known: set[str] = set()  # ids in the set (or admitted here); cleared past twice the cap
         self.fresh: set[str] = set()  # admitted here, not yet seen in the set
 
@@ -33,13 +33,13 @@ class ClassifierAdmission:
         if not new:
             return set()
         asked = sorted(new | self.fresh)
-        present = {c for c, there in zip(asked, await self.store.known_classifiers(asked)) if there}
+        present = {c for c, there in zip(asked, await self.registry.known_classifiers(asked)) if there}
         self.known |= present
         self.fresh -= present
         new -= present
         if not new:
             return set()
-        room = max(self.cap - await self.store.classifier_count() - len(self.fresh), 0)
+        room = max(self.cap - await self.registry.classifier_count() - len(self.fresh), 0)
         admitted = sorted(new)[:room]
         self.known.update(admitted)
         self.fresh.update(admitted)

@@ -252,7 +252,7 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
     """The INGEST payload of one classifier's records (see state.scripts.INGEST).
 
     `cuts_for(chunk)` returns the chunk's stored strata boundaries: an object with
-    `cuts`, `version` and `provisional` (`state.store.ChunkCuts`).  A provisional chunk's
+    `cuts`, `version` and `provisional` (`state.records.ChunkCuts`).  A provisional chunk's
     entry also carries `cap` (the items at which it must be re-stratified first), its
     item count `n` and its exact scores `ps`.
     `cutoffs_for(chunk)`, if given, returns None or per stratum the cutoff of a full

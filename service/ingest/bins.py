@@ -9,8 +9,8 @@ once) and sends each run of touched counters as two byte strings, the run as it 
 as it becomes: INGEST compares the first with what it holds (GETRANGE) and writes the second
 (SETRANGE), a copy of bytes either way.  The comparison is the guard: another instance, a
 replayed or refused call of this one, or an older version writing increments changes the
-counters under the copy, the script refuses (`BINS_CHANGED`), and the ingestor reads the
-counters again and redoes the batch.  Only the counters written are compared, and only
+counters under the copy, the script refuses (`state.calls.IngestRefusal.BINS_CHANGED`), and the
+ingestor reads the counters again and redoes the batch.  Only the counters written are compared, and only
 they are written, so what anyone else changed elsewhere in the string stays.  A batch
 whose touched counters are scattered (a few records over a wide range of scores) is sent
 as increments, which need no copy; the copy is updated the same way.

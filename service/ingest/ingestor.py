@@ -39,19 +39,18 @@ import numpy as np
 
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries
+from ..state.calls import IngestCall, IngestRefusal
 from ..state.keys import ingest_chunks, negatives_of, owner_of
 from ..state.offsets import Acknowledged, RestartedLogs, check_not_rolled_back
+from ..state.records import ChunkCuts
 from ..state.scripts import encode_ingest
-from ..state.store import ChunkCuts, Store
+from ..state.store import Store
 from .aggregate import ClassifierRecords, build_payload, group_by_classifier, positives_by_chunk
 from .bins import ChunkBins
 
 
 #: Predicted positives per stratum the opening batch needs to set a chunk's boundaries alone.
 OPENING_ITEMS_PER_STRATUM = 25
-#: INGEST refusal reasons (see scripts.INGEST): stale cuts; the provisional chunk needs RESTRATIFY;
-#: the chunk's histogram is not what this instance's copy of it said (`bins`).
-STALE_CUTS, RESTRATIFY_FIRST, BINS_CHANGED = 1, 2, 3
 
 
 def provisional_cap(strata: int, reservoir_size: int) -> int:
@@ -84,12 +83,16 @@ class PreparedBatch:
     """A partition batch aggregated into INGEST calls, ready to `submit`."""
 
     partition: int
-    calls: list[tuple]  # (records, (cid, partition, expected_offset, new_offset, payload))
+    calls: list[tuple[ClassifierRecords, IngestCall]]  # the records each call aggregates
 
 
 class ScoreIngestor:
+    """Applies partition batches of scores (see the module's doc).  Of `store` it uses the chunks
+    (`state.chunk_store.ChunkStore`: strata, histograms, INGEST) and the offsets
+    (`state.offset_store.OffsetStore`: INGEST's stored offsets)."""
+
     def __init__(self, store: Store, settings, rng: np.random.Generator | None = None) -> None:
-        self.store = store
+        self.chunks, self.offsets = store.chunks, store.offsets
         self.settings = settings
         self.rng = rng or np.random.default_rng()
         self._offsets: dict[tuple[str, int], int] = {}
@@ -102,7 +105,7 @@ class ScoreIngestor:
         self._cutoffs: dict[tuple[str, int], np.ndarray] = {}
         # (cid, chunk) -> this instance's copy of its histogram counters, updated as each call is
         # prepared (so ahead of Redis while calls are in flight); dropped where a call was refused,
-        # and INGEST refuses a call made from a copy that does not match (BINS_CHANGED)
+        # and INGEST refuses a call made from a copy that does not match (IngestRefusal.BINS_CHANGED)
         self._bins: dict[tuple[str, int], ChunkBins] = {}
         self._oldest_open = -1  # chunks before it have closed: `forget_closed_chunks`
         self._restarted = RestartedLogs("scores")
@@ -166,12 +169,12 @@ class ScoreIngestor:
         counted = 0
         partition, calls = prepared.partition, prepared.calls
         while calls:
-            results = await self.store.apply_ingest([c for _, c in calls])
+            replies = await self.chunks.apply_ingest([c for _, c in calls])
             todo, restratify, base = [], [], {}
-            for (r, call), (applied, stored, cutoffs, refused) in zip(calls, results):
-                key = (r.classifier_id, partition)
-                self._note_cutoffs(r.classifier_id, cutoffs)
-                if applied:
+            for (r, call), reply in zip(calls, replies):
+                key, stored = (r.classifier_id, partition), reply.stored_offset
+                self._note_cutoffs(r.classifier_id, reply.cutoffs)
+                if reply.applied:
                     counted += 0 if owner_of(r.classifier_id)[1] else r.size  # each record once
                     self._offsets[key] = max(self._offsets.get(key, -1), stored)
                     self.acknowledged.note(r.classifier_id, partition, stored)
@@ -179,12 +182,12 @@ class ScoreIngestor:
                     check_not_rolled_back(f"classifier {r.classifier_id!r}, scores partition {partition}", stored,
                                           self.acknowledged.get(key, -1))
                     self._offsets[key] = stored
-                    for t, _ in call[5]:  # the copies hold this call's counts, never applied
+                    for t, _ in call.chunks:  # the copies hold this call's counts, never applied
                         self._bins.pop((r.classifier_id, int(t)), None)
-                    for t, reason in refused:  # or a chunk guard: reload its cuts, re-stratify first
-                        if reason != BINS_CHANGED:
+                    for t, reason in reply.refused:  # or a chunk guard: reload its cuts, re-stratify first
+                        if reason != IngestRefusal.BINS_CHANGED:
                             self._forget_chunk(r.classifier_id, t)
-                        if reason == RESTRATIFY_FIRST:
+                        if reason == IngestRefusal.RESTRATIFY_FIRST:
                             restratify.append((r, t))
                     todo.append(r)
                     base[r.classifier_id] = stored
@@ -196,14 +199,14 @@ class ScoreIngestor:
         return counted
 
     async def _calls(self, partition: int, groups: list[ClassifierRecords], reload: bool = False,
-                     base: dict[str, int] | None = None) -> list[tuple]:
+                     base: dict[str, int] | None = None) -> list[tuple[ClassifierRecords, IngestCall]]:
         """The INGEST calls of `groups`, each expecting the stored offset `base` gives for its
         classifier or, without `base`, the cached (written or predicted) one, loaded on a miss
         (and always with `reload`)."""
         if base is not None:
             return await self._payloads(partition, groups, base)
         need = [g.classifier_id for g in groups if reload or (g.classifier_id, partition) not in self._offsets]
-        stored = await self.store.scores_offsets(need, partition) if need else {}
+        stored = await self.offsets.scores_offsets(need, partition) if need else {}
         for cid, off in stored.items():  # a retry after an outage reloads them: Redis may have gone back
             check_not_rolled_back(f"classifier {cid!r}, scores partition {partition}", off,
                                   self.acknowledged.get((cid, partition), -1))
@@ -214,7 +217,7 @@ class ScoreIngestor:
         return await self._payloads(partition, groups, expected)
 
     async def _payloads(self, partition: int, groups: list[ClassifierRecords], expected: dict[str, int]
-                        ) -> list[tuple]:
+                        ) -> list[tuple[ClassifierRecords, IngestCall]]:
         """Aggregate the records of each group not applied yet (`_unapplied`) into an INGEST call,
         and predict the call's new offset."""
         fresh = [r for r in (self._unapplied(g, expected[g.classifier_id], partition) for g in groups) if r.size]
@@ -233,7 +236,8 @@ class ScoreIngestor:
             if not owner_of(cid)[1] and not self.settings.samples_negatives(cid):
                 payload["unpaired"] = True  # INGEST notes how far its negatives' state misses records
             new = int(r.offsets[-1])
-            calls.append((r, (cid, partition, expected[cid], new, encode_ingest(payload), ingest_chunks(payload))))
+            calls.append((r, IngestCall(cid, partition, expected[cid], new, encode_ingest(payload),
+                                        ingest_chunks(payload))))
             self._offsets[(cid, partition)] = new  # predicted; corrected by `submit` if refused
             await asyncio.sleep(0)  # see `prepare`
         return calls
@@ -266,7 +270,7 @@ class ScoreIngestor:
         none (a chunk opened, a call refused); returned as a snapshot, like `_ensure_chunks`."""
         need = [k for k in keys if k not in self._bins]
         if need:
-            for key, packed in (await self.store.chunk_bins(need)).items():
+            for key, packed in (await self.chunks.chunk_bins(need)).items():
                 self._bins.setdefault(key, ChunkBins(packed))
         return {k: self._bins[k] for k in keys}
 
@@ -276,15 +280,15 @@ class ScoreIngestor:
         another instance did it first (the version check inside the script)."""
         cid = r.classifier_id
         cfg = self.settings.for_classifier(cid)
-        cur = (await self.store.chunk_strata([(cid, t)]))[(cid, t)]
+        cur = (await self.chunks.chunk_strata([(cid, t)]))[(cid, t)]
         if cur is None or not cur.provisional:
             return
         positions = dict(positives_by_chunk(r, cfg.chunk_seconds)).get(t, np.empty(0, dtype=np.int64))
         hist = ScoreHistogram.from_scores(r.score[positions])
-        stored = await self.store.chunk_score_histogram(cid, t)
+        stored = await self.chunks.chunk_score_histogram(cid, t)
         if stored is not None:
             hist = stored.merge(hist)
-        await self.store.restratify(cid, t, cur.version, boundaries(hist, cfg.strata, cfg.stratification))
+        await self.chunks.restratify(cid, t, cur.version, boundaries(hist, cfg.strata, cfg.stratification))
 
     async def _ensure_chunks(self, recs: list[ClassifierRecords]) -> dict[tuple[str, int], ChunkCuts]:
         """The stored cuts of every chunk the records' predicted positives fall in, opening
@@ -302,20 +306,20 @@ class ScoreIngestor:
                     need[key] = r.score[positions]
         if not need:
             return out
-        stored = await self.store.chunk_strata(list(need))
+        stored = await self.chunks.chunk_strata(list(need))
         for key, cuts in stored.items():
             if cuts is None:
                 cid, t = key
                 cfg = self.settings.for_classifier(cid)
                 hist = opening_histogram(ScoreHistogram.from_scores(need[key]),
-                                         await self.store.recent_histogram(cid, t), cfg.strata)
+                                         await self.chunks.recent_histogram(cid, t), cfg.strata)
                 now_ms = int(time.time() * 1000)
                 if hist.total < provisional_cap(cfg.strata, cfg.reservoir_size):
-                    cuts = await self.store.open_chunk(cid, t, np.empty(0), now_ms, cfg.reservoir_size,
-                                                       provisional=True)
+                    cuts = await self.chunks.open_chunk(cid, t, np.empty(0), now_ms, cfg.reservoir_size,
+                                                        provisional=True)
                 else:
-                    cuts = await self.store.open_chunk(cid, t, boundaries(hist, cfg.strata, cfg.stratification),
-                                                       now_ms, cfg.reservoir_size)
+                    cuts = await self.chunks.open_chunk(cid, t, boundaries(hist, cfg.strata, cfg.stratification),
+                                                        now_ms, cfg.reservoir_size)
             out[key] = cuts
             cached = self._cuts.get(key)
             if cached is None or cached.version <= cuts.version:

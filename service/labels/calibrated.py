@@ -17,8 +17,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..state.chunk_store import ChunkStore
 from ..state.records import ChunkState, LabelledRecords
-from ..state.store import Store
 from ..stats.calibration import resolve_kind
 from ..stats.difference import Calibrated, Labelled, StratumGrid, calibrated_metrics, feature
 from ..stats.sketch import ScoreHistogram
@@ -37,13 +37,13 @@ def fold_of(request_id: str) -> int:
     return zlib.crc32(request_id.encode()) & 1
 
 
-async def chunk_calibration(store: Store, state_id: str, cs: ChunkState, cfg, fpc: bool) -> Calibrated | None:
+async def chunk_calibration(store: ChunkStore, state_id: str, cs: ChunkState, cfg, fpc: bool) -> Calibrated | None:
     """Precision's `Calibrated` interval of the chunk of one side (`chunk_calibrations`)."""
     found = await chunk_calibrations(store, [(state_id, cs, True)], cfg, fpc, ("precision",))
     return None if found is None else found["precision"]
 
 
-async def chunk_calibrations(store: Store, sides: list[tuple[str, ChunkState | None, bool]], cfg, fpc: bool,
+async def chunk_calibrations(store: ChunkStore, sides: list[tuple[str, ChunkState | None, bool]], cfg, fpc: bool,
                              metrics) -> dict[str, Calibrated] | None:
     """Per metric, the chunk's `Calibrated` interval over the strata of `sides` ((state id, its chunk
     or None when the side has no item yet, whether it holds the predicted positives), in stratum
@@ -82,7 +82,7 @@ async def chunk_calibrations(store: Store, sides: list[tuple[str, ChunkState | N
                               cfg.confidence, fpc, min_labels)
 
 
-async def _side_items(store: Store, state_id: str, cs: ChunkState):
+async def _side_items(store: ChunkStore, state_id: str, cs: ChunkState):
     """(histogram counts, (stratum, label, score, fold) of each label) of one side's chunk, the
     labelled items kept in process by label count; None if they do not add up."""
     key, version = (store.keys.prefix, state_id, cs.chunk), (int(cs.n.sum()), int(cs.h.sum()))

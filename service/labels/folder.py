@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from stratameter.schemas.messages import is_classifier_id
 
+from ..state.calls import LabelCall
 from ..state.keys import owner_of
 from ..state.offsets import Acknowledged, RestartedLogs, StateRolledBack
-from ..state.store import Store
+from ..state.request_store import RequestStore
 
 
 def split_request_id(rid: str) -> str | None:
@@ -39,8 +40,10 @@ class LabelOutcome:
 
 
 class LabelFolder:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    """Folds label batches through LABEL (`state.request_store.RequestStore.apply_labels`)."""
+
+    def __init__(self, requests: RequestStore) -> None:
+        self.requests = requests
         self._restarted = RestartedLogs("labels")
         self.acknowledged = Acknowledged("labels")  # (state, partition) -> the offset LABEL last applied for us
 
@@ -65,24 +68,22 @@ class LabelFolder:
                 out.append(LabelOutcome(i, "", "unknown"))
                 continue
             value = "null" if label is None else ("1" if label else "0")
-            calls.append((cid, partition, int(off), rid, value, now_ms, who or ""))
-            where.append((i, cid))
+            calls.append(LabelCall(cid, partition, int(off), rid, value, now_ms, who or ""))
+            where.append(i)
         if calls:
-            for (i, cid), call, res in zip(where, calls, await self.store.apply_labels(calls, self.acknowledged)):
-                outcome = res[0]
+            for i, call, reply in zip(where, calls, await self.requests.apply_labels(calls, self.acknowledged)):
+                cid, outcome = call.state_id, reply.outcome
                 if outcome == "rolled_back":
-                    raise StateRolledBack(f"classifier {cid!r}, labels partition {partition}", int(res[1]),
+                    raise StateRolledBack(f"classifier {cid!r}, labels partition {partition}", reply.stored_offset,
                                           self.acknowledged[(cid, partition)])
                 if outcome == "no_state":  # a made-up classifier part: no state, no key created
                     out.append(LabelOutcome(i, "", "unknown"))
                     continue
                 if outcome == "replay":  # with the offset the state applied
-                    self._restarted.check(cid, partition, int(res[1]), log_end)
+                    self._restarted.check(cid, partition, reply.stored_offset, log_end)
                     out.append(LabelOutcome(i, cid, outcome))
                     continue
-                self.acknowledged.note(cid, partition, call[2])
-                chunk = int(res[1]) if len(res) > 1 else None
-                stratum = int(res[2]) if len(res) > 2 else None
-                out.append(LabelOutcome(i, cid, outcome, chunk, stratum))
+                self.acknowledged.note(cid, partition, call.offset)
+                out.append(LabelOutcome(i, cid, outcome, reply.chunk, reply.stratum))
         out.sort(key=lambda o: o.index)
         return out

@@ -235,14 +235,14 @@ async def _snapshot(service) -> SnapshotCollector:
         fails on its own (`app.failures.ClassifierFailures.confined`)."""
         cfg = service.settings.for_classifier(cid)
         async with gate:
-            return await service.failures.confined(cid, "metrics", classifier_view(service.store, cid, cfg,
-                                                                                   history=False))
+            return await service.failures.confined(cid, "metrics", classifier_view(
+                service.store.chunks, service.process, cid, cfg, history=False))
 
     owned = sorted(service.owned)
     views = [v for v in await asyncio.gather(*(view(c) for c in owned)) if v is not None]
     if service.exports_global:
-        invalid = await service.store.invalid_counts()
-        unknown = await service.store.unknown_labels()
+        invalid = await service.store.offsets.invalid_counts()
+        unknown = await service.store.offsets.unknown_labels()
     else:
         invalid, unknown = {}, 0
     return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped,

@@ -42,7 +42,9 @@ from ..stats import streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
 from ..state.keys import first_negative_stratum, negatives_of, owner_of
-from ..state.store import ChunkState, Store
+from ..state.process import ProcessState
+from ..state.records import ChunkState
+from ..state.store import Store
 from .memory import ClassifierMemory, Prior, Purge
 
 log = logging.getLogger(__name__)
@@ -59,12 +61,10 @@ def request_message(rid: str, cid: str, stratum: int, member: dict, requested_ms
 
 
 class RequestLoop:
-    def __init__(self, store: Store, settings, publish) -> None:
+    def __init__(self, store: Store, process: ProcessState, settings, publish) -> None:
         """`publish(list[(key, value)])` sends records to the label-requests topic and waits for acks."""
-        self.store = store
-        self.settings = settings
-        self.publish = publish
-        self.instance = settings.instance_id
+        self.chunks, self.requests, self.registry, self.process = store.chunks, store.requests, store.registry, process
+        self.settings, self.publish, self.instance = settings, publish, settings.instance_id
         self._memory: dict[str, ClassifierMemory] = {}  # per classifier it steps (`requests.memory`)
 
     def _remember(self, cid: str) -> ClassifierMemory:
@@ -87,14 +87,14 @@ class RequestLoop:
         `first_negative_stratum` after the chunk's positive strata."""
         if not first:
             return dict.fromkeys(chunks, 0)
-        positive = {cs.chunk: cs.strata for cs in await self.store.chunks(cid, sorted(chunks))}
+        positive = {cs.chunk: cs.strata for cs in await self.chunks.chunk_states(cid, sorted(chunks))}
         return {t: first_negative_stratum(first, positive.get(t, 0)) for t in chunks}
 
     async def republish_outbox(self, cid: str) -> int:
         """Publish requests recorded but not acknowledged by Kafka before a crash."""
         done = 0
         for sid, first in self._states(cid):
-            pending = await self.store.unpublished(sid)
+            pending = await self.requests.unpublished(sid)
             if not pending:
                 continue
             records, at = [], await self._first_strata(cid, first, {int(h["chunk"]) for _, h in pending})
@@ -103,7 +103,7 @@ class RequestLoop:
                 records.append((cid, request_message(rid, cid, at[int(h["chunk"])] + int(h["stratum"]), member,
                                                      int(h["requested_ms"]), int(h["deadline_ms"]), first == 0)))
             await self.publish(records)
-            await self.store.mark_published(sid, [rid for rid, _ in pending])
+            await self.requests.mark_published(sid, [rid for rid, _ in pending])
             done += len(records)
         return done
 
@@ -114,7 +114,7 @@ class RequestLoop:
         states = self._states(cid)
         by_state: dict[str, list[int]] = {}
         for sid, _ in states:
-            await self.store.expire(sid, now)
+            await self.requests.expire(sid, now)
             by_state[sid] = await self._chunk_ids(sid, cfg, now)
         if await self._forget_if_silent(cid, by_state, cfg, now):
             return 0
@@ -124,7 +124,7 @@ class RequestLoop:
         if not stepped:
             return 0
         pending = {sid: await self._pending_by_chunk(sid) for sid, _ in states}
-        unpaired = await self.store.unpaired_through(cid) if len(states) > 1 else None
+        unpaired = await self.chunks.unpaired_through(cid) if len(states) > 1 else None
         active, older = stepped[:lifecycle.ACTIVE_CHUNKS], stepped[lifecycle.ACTIVE_CHUNKS:]
         issued = await self._step_chunks(cid, states, pending, active, cfg, now, 0, older=False, unpaired=unpaired)
         # older chunks are read only when the hour's budget has room for them, but for a verdict (and
@@ -154,11 +154,11 @@ class RequestLoop:
             chunks = [t for t in chunks if quiet.get(t) != waiting[t]]
             if not chunks:
                 return 0
-        found = {sid: {cs.chunk: cs for cs in await self.store.chunks(sid, chunks)} for sid, _ in states}
+        found = {sid: {cs.chunk: cs for cs in await self.chunks.chunk_states(sid, chunks)} for sid, _ in states}
         moved = await self._freeze_closed(found, cfg, now)
         issued = 0
         for t in chunks:
-            if t in moved or not lifecycle.counted_whole(t, cfg.chunk_seconds, self.store.lost_through_ms):
+            if t in moved or not lifecycle.counted_whole(t, cfg.chunk_seconds, self.process.lost_through_ms):
                 continue  # moved: read again next pass; not counted whole: part of it was lost with Redis
             complete = lifecycle.counted_whole(t, cfg.chunk_seconds, unpaired)
             positive_strata = found[cid][t].strata if t in found[cid] else 0
@@ -189,7 +189,7 @@ class RequestLoop:
         for sid, by_chunk in found.items():
             for t, cs in list(by_chunk.items()):
                 if cs.provisional and chunk_closed(t, cfg, now / 1000):
-                    if await self.store.freeze(sid, t):
+                    if await self.chunks.freeze(sid, t):
                         by_chunk[t] = dataclasses.replace(cs, provisional=False)
                     else:
                         moved.add(t)
@@ -198,7 +198,7 @@ class RequestLoop:
     async def _budget_left(self, state_ids: list[str], cfg, now: int, issued: int) -> int:
         """Requests the paced hourly budget of the states `state_ids` still allows after `issued`
         this step (the clock hour's requests, `lifecycle.budget_allowance`)."""
-        used = sum([await self.store.issued_this_hour(sid, now) for sid in state_ids])
+        used = sum([await self.requests.issued_this_hour(sid, now) for sid in state_ids])
         return int(lifecycle.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600)) - used - issued
 
     def _chunks_to_step(self, cid: str, ids: set[int], cfg, now: int) -> list[int]:
@@ -233,31 +233,30 @@ class RequestLoop:
                 return False
         doomed = list(by_state.items())
         if len(doomed) == 1:  # the negatives' state of metrics enabled once, if any, goes too
-            doomed.append((negatives_of(cid), await self.store.chunk_ids(negatives_of(cid))))
+            doomed.append((negatives_of(cid), await self.chunks.chunk_ids(negatives_of(cid))))
         for sid, ids in reversed(doomed):
-            if not await self.store.forget(sid, ids):
+            if not await self.requests.forget(sid, ids):
                 return False
-        await self.store.drop_classifier(cid)
+        await self.registry.drop_classifier(cid)
         self._memory.pop(cid, None)
         log.info("forgot a silent classifier", extra={"classifier": cid, "newest_chunk": newest})
         return True
 
     async def _pending_by_chunk(self, sid: str) -> dict[int, int]:
-        """The state's outstanding requests per chunk, each request's chunk read once
-        (`Store.pending_by_chunk`)."""
+        """The state's pending requests per chunk, each request's chunk read once (`RequestStore.pending_by_chunk`)."""
         chunks = self._remember(owner_of(sid)[0]).request_chunks.setdefault(sid, {})
-        return await self.store.pending_by_chunk(sid, chunks)
+        return await self.requests.pending_by_chunk(sid, chunks)
 
     async def _chunk_ids(self, sid: str, cfg, now: int) -> list[int]:
         """The state's chunks, purging those past the retention once per new chunk: the chunks
         purged before are skipped once closed (a late score may still reach an open one)."""
-        ids = await self.store.chunk_ids(sid)
+        ids = await self.chunks.chunk_ids(sid)
         purges = self._remember(owner_of(sid)[0]).purges
         last = purges.get(sid)
         purged_through = last.purged_through if last is not None else None
         if len(ids) > cfg.chunk_retention and (last is None or last.newest != ids[-1]):
-            await self.store.purge_chunks(sid, ids, cfg.chunk_retention, max(cfg.history_chunks, cfg.chunk_retention),
-                                          purged_through)
+            await self.requests.purge_chunks(sid, ids, cfg.chunk_retention,
+                                             max(cfg.history_chunks, cfg.chunk_retention), purged_through)
             closed = [t for t in ids[:-cfg.chunk_retention] if chunk_closed(t, cfg, now / 1000)]
             purges[sid] = Purge(ids[-1], closed[-1] if closed else purged_through)
         return ids
@@ -277,7 +276,7 @@ class RequestLoop:
         prior = np.concatenate([await self._prior(sd) for sd in sides])
         plan = plan_chunk(snapshot, report, prior, cfg)
         if plan.evaluated:
-            await self.store.evaluate_round(lead.state_id, t, int(snapshot.n.sum()), plan.streak, lead.cs.status)
+            await self.chunks.evaluate_round(lead.state_id, t, int(snapshot.n.sum()), plan.streak, lead.cs.status)
         issued, status = await self._carry_out(cid, snapshot, plan, cfg, now, issued_before)
         if status in lifecycle.FINISHED and not snapshot.closed:
             memory.unjudged.add(t)
@@ -303,7 +302,7 @@ class RequestLoop:
             if mine:
                 issued += await self._request(cid, sd, now, mine, tau_side)
         if chosen or status != lead.cs.status or snapshot.closed != lead.cs.status_closed:
-            await self.store.set_status(lead.state_id, snapshot.chunk, status, snapshot.closed)
+            await self.chunks.set_status(lead.state_id, snapshot.chunk, status, snapshot.closed)
         return issued, status
 
     async def _due_by_side(self, sides: list[Side], tau: np.ndarray, want: np.ndarray
@@ -328,9 +327,9 @@ class RequestLoop:
         """Record one side's requests and the thresholds they were drawn under (outbox), publish, mark."""
         cs, cfg = sd.cs, sd.cfg
         deadline = now + int(cfg.label_timeout_seconds * 1000)
-        issued = await self.store.issue(sd.state_id, cs.chunk, now, deadline, cs.round + 1, self.instance,
-                                        [[rid, k, m["i"], repr(float(m["s"])), raw] for rid, k, m, raw in requests], {},
-                                        int(cfg.request_retention_seconds * 1000), tau)
+        issued = await self.requests.issue(sd.state_id, cs.chunk, now, deadline, cs.round + 1, self.instance,
+                                           [[rid, k, m["i"], repr(float(m["s"])), raw] for rid, k, m, raw in requests],
+                                           {}, int(cfg.request_retention_seconds * 1000), tau)
         if issued is None:
             log.warning("lost the lease while issuing", extra={"classifier": cid})
             return 0
@@ -338,7 +337,7 @@ class RequestLoop:
         records = [(cid, request_message(rid, cid, sd.first_stratum + k, m, now, deadline, sd.positive))
                    for rid, k, m, _ in requests if rid in ok]
         await self.publish(records)
-        await self.store.mark_published(sd.state_id, issued)
+        await self.requests.mark_published(sd.state_id, issued)
         return len(issued)
 
     async def _report(self, snapshot: ChunkSnapshot, cfg) -> ChunkReport:
@@ -348,8 +347,8 @@ class RequestLoop:
         sized on."""
         target = snapshot.target
         metrics = ("precision",) if target is None else target.metrics
-        calibration = await chunk_calibrations(self.store, [(sd.state_id, sd.cs, sd.positive) for sd in snapshot.sides],
-                                               cfg, snapshot.closed, metrics)
+        sides = [(sd.state_id, sd.cs, sd.positive) for sd in snapshot.sides]
+        calibration = await chunk_calibrations(self.chunks, sides, cfg, snapshot.closed, metrics)
         return chunk_report(snapshot.columns, metrics, cfg.confidence, snapshot.closed, calibration)
 
     async def _prior(self, sd: Side) -> np.ndarray:
@@ -363,7 +362,7 @@ class RequestLoop:
         cached = priors.get(cs.chunk)
         if cached is not None and total <= 1.1 * cached.size and cached.q.size == cs.strata:
             return cached.q
-        counts = await self.store.chunk_histogram(cid, cs.chunk)
+        counts = await self.chunks.chunk_histogram(cid, cs.chunk)
         q = np.full(cs.strata, 0.5)
         if counts.any() and np.isfinite(cs.min) and np.isfinite(cs.max):
             hist = ScoreHistogram(counts=counts, min=cs.min, max=cs.max)
@@ -384,9 +383,9 @@ class RequestLoop:
         rises past it (the design's cap on labels per stratum and chunk)."""
         cid, cs, cfg = sd.state_id, sd.cs, sd.cfg
         tau = np.array(tau, dtype=float)
-        windows = await self.store.reservoir_windows(cid, cs.chunk, tau, want)
+        windows = await self.chunks.reservoir_windows(cid, cs.chunk, tau, want)
         below = [(k, raw, p) for k, w in enumerate(windows) for raw, p in w.below]
-        taken = await self.store.sampled(cid, cs.chunk, [orjson.loads(raw)["i"] for _, raw, _ in below])
+        taken = await self.requests.sampled(cid, cs.chunk, [orjson.loads(raw)["i"] for _, raw, _ in below])
         due = [(p / max(tau[k], 1e-300), k, raw) for (k, raw, p), t in zip(below, taken) if not t]
         left = 0
         for k, w in enumerate(windows):

@@ -325,22 +325,22 @@ async def _strata_counts(redis_client, classifiers: list[str], both_sides: bool)
     keep (both sides' with `both_sides`; the predicted negatives' share apart too): each record is
     in exactly one stratum of one side and each folded label in one, so the sums must equal the
     records sent and the labels folded (`_chunk_settings` keeps every chunk's summary).  Also the
-    chunks, and those the retention purged (`Store.purge_chunks`: their histogram is gone)."""
+    chunks, and those the retention purged (`RequestStore.purge_chunks`: their histogram is gone)."""
     from ..state.keys import negatives_of
     from ..state.store import Store
 
-    store = Store(redis_client, KEY_PREFIX)
+    chunks = Store(redis_client, KEY_PREFIX).chunks
     out = dict.fromkeys(("items", "labels", "negative_items", "negative_labels", "chunks", "chunks_purged"), 0)
 
     async def add(sids: list[str], side: str) -> None:
         for sid in sids:
-            ids = await store.chunk_ids(sid)
-            for chunk in await store.chunks(sid, ids):
+            ids = await chunks.chunk_ids(sid)
+            for chunk in await chunks.chunk_states(sid, ids):
                 out[f"{side}items"] += int(chunk.N.sum())
                 out[f"{side}labels"] += int(chunk.n.sum())
             out["chunks"] += len(ids)
             if ids:  # one EXISTS for the state's chunks: it counts the keys present
-                out["chunks_purged"] += len(ids) - await redis_client.exists(*(store.keys.chunk_bins(sid, t)
+                out["chunks_purged"] += len(ids) - await redis_client.exists(*(chunks.keys.chunk_bins(sid, t)
                                                                                 for t in ids))
 
     await add(classifiers, "")

@@ -1,7 +1,8 @@
-"""How the store sends a batch of script calls (`ScriptCalls._each`): one pipeline of bare
-EVALSHA on a single Redis; on a Redis Cluster, whose client refuses scripts in a pipeline, one
-pipeline per node, and what a node refused again one by one through the cluster client.  A
-classifier's calls always stay in order (the scripts' offset guards expect them so)."""
+"""How the ports run the scripts (`ScriptRunner`): one call (`call`), or a batch of calls
+(`each`): one pipeline of bare EVALSHA on a single Redis; on a Redis Cluster, whose client
+refuses scripts in a pipeline, one pipeline per node, and what a node refused again one by one
+through the cluster client.  A classifier's calls always stay in order (the scripts' offset
+guards expect them so)."""
 
 from __future__ import annotations
 
@@ -23,16 +24,21 @@ def _hash_tag(key: str) -> str:
     return key[key.index("{") + 1: key.index("}")]
 
 
-class ScriptCalls:
-    """The scripts (`scripts.NAMES`) registered on `redis`, and batches of calls of them."""
+class ScriptRunner:
+    """The scripts (`scripts.NAMES`) registered on `redis` (`registered`: name -> redis-py's
+    script object), and calls of them, one at a time or in batches."""
 
     def __init__(self, redis: Redis | RedisCluster) -> None:
         self.redis = redis
         self.cluster = isinstance(redis, RedisCluster)
-        self._scripts = {name: redis.register_script(scripts.source(name)) for name in scripts.NAMES}
+        self.registered = {name: redis.register_script(scripts.source(name)) for name in scripts.NAMES}
         self._concurrent = asyncio.Semaphore(CLUSTER_CONCURRENCY)
 
-    async def _each(self, name: str, calls: list[tuple[list, list]], then=None) -> list:
+    async def call(self, name: str, keys: list, args: list | tuple = ()):
+        """Script `name` once, with `keys` and `args` (the client loads it on NOSCRIPT)."""
+        return await self.registered[name](keys=keys, args=list(args))
+
+    async def each(self, name: str, calls: list[tuple[list, list]], then=None) -> list:
         """Script `name` per (keys, args), in order per classifier, with `then(pipe)` (plain
         commands) after them: one pipeline on a single Redis (`_pipelined`); on a cluster, which
         refuses scripts in a pipeline, each classifier's calls one after the other (the scripts'
@@ -49,7 +55,7 @@ class ScriptCalls:
         async def run(indices: list[int]) -> None:
             async with self._concurrent:
                 for i in indices:
-                    out[i] = await self._scripts[name](keys=calls[i][0], args=calls[i][1])
+                    out[i] = await self.registered[name](keys=calls[i][0], args=calls[i][1])
 
         await asyncio.gather(*(run(ix) for ix in by_classifier.values()))
         if then is not None:
@@ -59,7 +65,7 @@ class ScriptCalls:
         return out
 
     async def _per_node(self, name: str, calls: list[tuple[list, list]], out: list) -> list[int]:
-        """The fast path of `_each` on a cluster: the calls grouped by the node that serves their
+        """The fast path of `each` on a cluster: the calls grouped by the node that serves their
         slot, each group sent as one pipeline of bare EVALSHA on one of that node's connections
         (what the cluster client's own pipeline does for plain commands; a classifier's calls stay
         in order).  Fills `out`; returns the calls to send again one by one through the cluster
@@ -68,7 +74,7 @@ class ScriptCalls:
         from redis.asyncio.cluster import PipelineCommand
 
         await self.redis.initialize()
-        sha = self._scripts[name].sha
+        sha = self.registered[name].sha
         by_node: dict = defaultdict(list)
         for i, (keys, _) in enumerate(calls):
             by_node[self.redis.get_node_from_key(keys[0])].append(i)
@@ -100,7 +106,7 @@ class ScriptCalls:
         for retry in (False, True):
             pipe = self.redis.pipeline(transaction=False)
             for keys, args in calls:
-                pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                pipe.evalsha(self.registered[name].sha, len(keys), *keys, *args)
             if then is not None:
                 then(pipe)
             try:
@@ -108,12 +114,5 @@ class ScriptCalls:
             except NoScriptError:
                 if retry:
                     raise
-                for script in self._scripts.values():
+                for script in self.registered.values():
                     script.sha = await self.redis.script_load(script.script)
-
-    async def _hgets(self, keys: list[str], field: str) -> list:
-        """HGET `field` of each of `keys`, in one pipeline."""
-        pipe = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.hget(key, field)
-        return await pipe.execute()

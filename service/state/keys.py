@@ -68,7 +68,7 @@ Service-wide ``<prefix>:{_global}:...``
                              `app.probes.check_chunk_seconds`); started_ms: when the state began;
                              lost_through_ms: the latest event time of a record counted in a
                              state Redis lost (`app.state_watch`); topic_scores, topic_labels: the
-                             topics the offsets were first written from (`Store.noted_topics`)
+                             topics the offsets were first written from (`Registry.noted_topics`)
   applied             hash   "<topic>:<partition>" -> the next offset to read: every record before it
                              changed the state (raised before the offsets are committed to Kafka,
                              `app.checkpoint`; a Redis rolled back is replayed from it, `app.state_watch`)
@@ -102,6 +102,9 @@ import functools
 from collections.abc import Iterable
 
 GLOBAL_TAG = "_global"
+#: The largest STRATAMETER_STRATA allowed: a chunk has at most this many reservoirs (``c:<t>:res:<k>``),
+#: each of which is deleted when the chunk is purged or forgotten.
+MAX_STRATA = 20
 #: The state id of a classifier's predicted negatives is the classifier id plus this.
 NEGATIVES_SUFFIX = "~negatives"
 

@@ -51,7 +51,7 @@ class ChunkState:
 
 @dataclass
 class ReservoirWindow:
-    """The part of one stratum's reservoir the request loop needs (see `Store.reservoir_windows`)."""
+    """The part of one stratum's reservoir the request loop needs (see `chunk_store.ChunkStore.reservoir_windows`)."""
 
     below: list[tuple[str, float]]  # (member, priority) at or below the threshold
     above: list[tuple[str, float]]  # the lowest few above it

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from stratameter.config import load_settings
 from stratameter.ingest.bins import (COUNTER_MAX, RUN_GAP, ChunkBins, counter_runs, histogram_increments)
-from stratameter.ingest.ingestor import BINS_CHANGED, ScoreIngestor
+from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.state.calls import ChunkRefusal, IngestCall, IngestRefusal, IngestReply
 from stratameter.state.records import BINS_ROTATION, histogram_counts
 from stratameter.state.scripts import encode_ingest
 from stratameter.stats.sketch import BINS, bin_index
@@ -131,16 +132,16 @@ def _truth(*scores: np.ndarray) -> np.ndarray:
     return np.bincount(bin_index(np.concatenate(scores)), minlength=BINS)
 
 
-def _spy_refusals(store) -> list[int]:
-    seen: list[int] = []
-    apply_ingest = store.apply_ingest
+def _spy_refusals(store) -> list[IngestRefusal]:
+    seen: list[IngestRefusal] = []
+    apply_ingest = store.chunks.apply_ingest
 
     async def spy(calls):
         out = await apply_ingest(calls)
-        seen.extend(reason for _a, _s, _c, refused in out for _t, reason in refused)
+        seen.extend(refusal.reason for reply in out for refusal in reply.refused)
         return out
 
-    store.apply_ingest = spy
+    store.chunks.apply_ingest = spy
     return seen
 
 
@@ -156,8 +157,8 @@ async def test_ingest_refuses_a_stale_copy_and_applies_nothing(redis_url, store)
                "chunks": [{"t": str(CHUNK), "N": [0, 10], "res": [], "v": 0, **stale.add(buckets, np.ones(10, int))}]}
     assert "runs" in payload["chunks"][0]
     before = await store.redis.hget(store.keys.meta("c"), "scores_total")
-    (out,) = await store.apply_ingest([("c", 0, 399, 409, encode_ingest(payload))])
-    assert out == (False, 399, [], [(CHUNK, BINS_CHANGED)])
+    (out,) = await store.chunks.apply_ingest([IngestCall("c", 0, 399, 409, encode_ingest(payload))])
+    assert out == IngestReply(False, 399, [], [ChunkRefusal(CHUNK, IngestRefusal.BINS_CHANGED)])
     assert await store.redis.hget(store.keys.meta("c"), "scores_total") == before
     assert (await _stored_counts(store)).tolist() == _truth(first).tolist()
 
@@ -188,7 +189,7 @@ async def test_two_instances_adding_to_one_chunk_count_every_score_once(redis_ur
     assert sum(await asyncio.gather(run(0), run(1))) == 2400
     assert (await _stored_counts(store)).tolist() == _truth(*sent).tolist()
     assert int(await store.redis.hget(store.keys.meta("c"), "scores_total")) == 2400
-    assert BINS_CHANGED in seen  # the guard did refuse (else this test shows nothing)
+    assert IngestRefusal.BINS_CHANGED in seen  # the guard did refuse (else this test shows nothing)
 
 
 @pytest.mark.integration
@@ -204,8 +205,8 @@ async def test_increments_from_an_older_writer_are_kept(redis_url, store):
     payload = {"scores": 50, "now": 0, "last_event": T0 + 1, "res_size": 64, "sample_cap": 4,
                "chunks": [{"t": str(CHUNK), "N": [0, 50], "res": [], "v": 0,
                            "hist": histogram_increments(buckets, counts)}]}
-    (out,) = await store.apply_ingest([("c", 1, -1, 49, encode_ingest(payload))])
-    assert out[0]
+    (out,) = await store.chunks.apply_ingest([IngestCall("c", 1, -1, 49, encode_ingest(payload))])
+    assert out.applied
     assert await ingest.apply(0, *_records(300, last)) == 300
-    assert seen == [BINS_CHANGED]
+    assert seen == [IngestRefusal.BINS_CHANGED]
     assert (await _stored_counts(store)).tolist() == _truth(first, older, last).tolist()

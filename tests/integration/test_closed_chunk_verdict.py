@@ -20,6 +20,8 @@ from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.requests.loop import RequestLoop
 from stratameter.schemas.messages import format_time
+from stratameter.state.calls import LabelCall
+from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
 
 
@@ -62,7 +64,7 @@ class Classifier:
         async def publish(records):
             pass
 
-        return RequestLoop(self.store, self.settings, publish)
+        return RequestLoop(self.store, ProcessState(), self.settings, publish)
 
     async def arrive(self, n: int, chunk: int | None = None) -> None:
         """`n` predicted positives into `chunk` (default `t`), arriving now."""
@@ -77,21 +79,22 @@ class Classifier:
         pending = [r.decode() for r in await self.store.redis.zrange(self.store.keys.pending(self.cid), 0, -1)]
         for rid in pending:
             label = "1" if self.rng.random() < 0.8 else "0"
-            outcome = (await self.store.apply_labels([(self.cid, 0, next(self.offsets), rid, label,
-                                                       int(self.clock[0] * 1000), "rev")]))[0][0]
+            (reply,) = await self.store.requests.apply_labels([LabelCall(self.cid, 0, next(self.offsets), rid, label,
+                                                                         int(self.clock[0] * 1000), "rev")])
+            outcome = reply.outcome
             assert outcome == "accepted", outcome
         return len(pending)
 
     async def status(self) -> tuple[str, str]:
         """Chunk `t`'s status: (the loop's stored one, the API's)."""
-        cs = (await self.store.chunks(self.cid, [self.t]))[0]
-        doc = await classifier_view(self.store, self.cid, self.settings.for_classifier(self.cid))
+        cs = (await self.store.chunks.chunk_states(self.cid, [self.t]))[0]
+        doc = await classifier_view(self.store.chunks, ProcessState(), self.cid, self.settings.for_classifier(self.cid))
         start = format_time(self.t * CHUNK_S * 1000)
         return cs.status, next(c for c in [doc, *doc["history"]] if c["chunk"]["start"] == start)["status"]
 
     async def converge_while_open(self) -> None:
         """Items arrive over 20 s, then rounds (every answer in) until chunk `t` converges, still open."""
-        assert await self.store.acquire_lease(self.cid, "me", 3_600_000)
+        assert await self.store.registry.acquire_lease(self.cid, "me", 3_600_000)
         for _ in range(4):
             await self.arrive(100)
             self.clock[0] += 5
@@ -120,7 +123,7 @@ async def test_a_chunk_closed_with_unanswered_requests_is_open_until_they_are_in
     c.clock[0] += 5
     await c.arrive(400)  # more arrivals: those under the thresholds are requested at once
     await c.loop.step("late")
-    pending = await store.pending_by_chunk("late")
+    pending = await store.requests.pending_by_chunk("late")
     assert list(pending) == [c.t] and pending[c.t] > 0, pending
     c.clock[0] = (c.t + 1) * CHUNK_S + 1.0  # the chunk closes with them unanswered
     assert await c.status() == ("converged", "open")  # the loop's verdict predates the closing
@@ -129,7 +132,7 @@ async def test_a_chunk_closed_with_unanswered_requests_is_open_until_they_are_in
     assert await c.answer_all() > 0
     await c.loop.step("late")  # the round is complete: evaluated, and judged closed
     assert await c.status() == ("converged", "converged")
-    cs = (await store.chunks("late", [c.t]))[0]
+    cs = (await store.chunks.chunk_states("late", [c.t]))[0]
     assert cs.status_closed and int(cs.n.sum()) == cs.evaluated_round
     assert await c.loop.step("late") == 0 and await c.status() == ("converged", "converged")
 
@@ -146,7 +149,7 @@ async def test_a_chunk_that_closes_behind_the_newest_two_gets_its_verdict_with_t
     assert await c.status() == ("converged", "open")  # not judged since it closed
     assert await c.loop.step("behind") == 0
     assert await c.status() == ("converged", "converged")
-    assert (await store.chunks("behind", [c.t]))[0].status_closed
+    assert (await store.chunks.chunk_states("behind", [c.t]))[0].status_closed
 
 
 async def test_a_restart_does_not_leave_a_chunk_finished_while_open_without_its_verdict(store: Store, monkeypatch):
@@ -159,4 +162,4 @@ async def test_a_restart_does_not_leave_a_chunk_finished_while_open_without_its_
     assert await c.status() == ("converged", "open")
     assert await c.loop.step("restarted") == 0
     assert await c.status() == ("converged", "converged")
-    assert (await store.chunks("restarted", [c.t]))[0].status_closed
+    assert (await store.chunks.chunk_states("restarted", [c.t]))[0].status_closed

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from stratameter.api.views import classifier_view
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor, opening_histogram
+from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
 from stratameter.stats.sketch import ScoreHistogram
 
@@ -53,7 +54,7 @@ async def test_shifted_scores_at_a_chunk_boundary_move_the_boundaries(redis_url,
         idx = np.arange(2 * n)[sl]
         await ingest.apply(part, np.arange(idx.size), ["clf"] * idx.size, [items[i] for i in idx], scores[idx],
                            np.ones(idx.size, bool), event[idx], [None] * idx.size)
-    doc = await classifier_view(store, "clf", settings.for_classifier("clf"))
+    doc = await classifier_view(store.chunks, ProcessState(), "clf", settings.for_classifier("clf"))
     assert doc["scores"] == 2 * n
     chunk_a, chunk_b = doc["history"][0], doc  # reported = latest chunk (no labels anywhere yet)
     assert chunk_a["population"] == n and chunk_b["population"] == n

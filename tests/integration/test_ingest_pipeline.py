@@ -23,7 +23,7 @@ def _batch(first: int, n: int, cids=("a", "b")):
 
 
 async def _scores(store: Store, cid: str) -> int:
-    return int((await store.classifier_summary(cid))["meta"].get("scores_total", 0))
+    return int((await store.chunks.classifier_summary(cid))["meta"].get("scores_total", 0))
 
 
 async def test_batch_redone_after_a_failure_while_the_next_was_prepared(redis_url, unique_name):

@@ -12,6 +12,8 @@ import pytest
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.requests.loop import RequestLoop
+from stratameter.state.calls import LabelCall
+from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
 
 pytestmark = pytest.mark.integration
@@ -54,17 +56,17 @@ async def test_an_older_chunk_waiting_for_answers_is_read_again_only_once_one_co
     async def publish(records):
         published.extend(records)
 
-    loop = RequestLoop(store, settings, publish)
-    assert await store.acquire_lease(cid, "me", 600_000)
+    loop = RequestLoop(store, ProcessState(), settings, publish)
+    assert await store.registry.acquire_lease(cid, "me", 600_000)
     assert await loop.step(cid) > 0
-    by_chunk = await store.pending_by_chunk(cid)
+    by_chunk = await store.requests.pending_by_chunk(cid)
     older = list(range(now_t - 4, now_t - 1))  # before the newest two started chunks
     assert all(by_chunk.get(t, 0) > 0 for t in older), by_chunk  # every older chunk asked for a round
     assert await loop.step(cid) == 0  # everything waits for answers: from now on the older chunks are quiet
 
     read_chunks: list[list[int]] = []
     request_reads: list[list[str]] = []
-    chunks, hgets = store.chunks, store._hgets
+    chunks, hgets = store.chunks.chunk_states, store.connection.hgets
 
     async def spying_chunks(sid, ids):
         read_chunks.append(list(ids))
@@ -74,7 +76,7 @@ async def test_an_older_chunk_waiting_for_answers_is_read_again_only_once_one_co
         request_reads.append(keys)
         return await hgets(keys, field)
 
-    store.chunks, store._hgets = spying_chunks, spying_hgets
+    store.chunks.chunk_states, store.connection.hgets = spying_chunks, spying_hgets
     assert await loop.step(cid) == 0
     assert read_chunks == [[now_t - 1, now_t]]  # the newest two only: the older ones are quiet
     assert request_reads == []  # no pending request's chunk read again
@@ -82,8 +84,8 @@ async def test_an_older_chunk_waiting_for_answers_is_read_again_only_once_one_co
     # one answer to a request of the oldest chunk: that chunk is read again, and only it
     rid, h = next((rid, h) for rid, h in await _pending_requests(store, cid) if int(h["chunk"]) == older[0])
     offsets = iter(range(1_000))
-    answer = [(cid, 0, next(offsets), rid, "1", int(time.time() * 1000), "rev")]
-    assert (await store.apply_labels(answer))[0][0] == "accepted"
+    answer = [LabelCall(cid, 0, next(offsets), rid, "1", int(time.time() * 1000), "rev")]
+    assert (await store.requests.apply_labels(answer))[0].outcome == "accepted"
     read_chunks.clear()
     await loop.step(cid)
     assert read_chunks == [[now_t - 1, now_t], [older[0]]]
@@ -91,12 +93,13 @@ async def test_an_older_chunk_waiting_for_answers_is_read_again_only_once_one_co
     # its whole round answered: the chunk evaluates the round and asks for the next
     for rid, h in await _pending_requests(store, cid):
         if int(h["chunk"]) == older[0]:
-            await store.apply_labels([(cid, 0, next(offsets), rid, "1", int(time.time() * 1000), "rev")])
+            await store.requests.apply_labels([LabelCall(cid, 0, next(offsets), rid, "1", int(time.time() * 1000),
+                                                         "rev")])
     before = len(published)
-    assert await store.pending_by_chunk(cid) == {t: c for t, c in by_chunk.items() if t != older[0]}
+    assert await store.requests.pending_by_chunk(cid) == {t: c for t, c in by_chunk.items() if t != older[0]}
     assert await loop.step(cid) > 0
     assert len(published) > before
-    assert (await store.pending_by_chunk(cid)).get(older[0], 0) > 0
+    assert (await store.requests.pending_by_chunk(cid)).get(older[0], 0) > 0
     state = {cs.chunk: cs for cs in await chunks(cid, [older[0]])}[older[0]]
     assert state.evaluated_round > 0
 

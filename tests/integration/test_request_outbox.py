@@ -24,6 +24,8 @@ from stratameter.app.probes import Health
 from stratameter.app.request_task import RequestTask
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.state.process import ProcessState
+from stratameter.state.request_store import RequestStore
 from stratameter.state.store import Store
 
 pytestmark = pytest.mark.integration
@@ -51,8 +53,8 @@ class _Kafka:
         self.producer = _Producer()
 
 
-class _FlakyStore(Store):
-    """A Store whose next ISSUE fails with a lost connection, after (`applied`) or before reaching Redis."""
+class _FlakyRequests(RequestStore):
+    """A requests port whose next ISSUE fails with a lost connection, after (`applied`) or before reaching Redis."""
 
     fail_next_issue: str | None = None  # "applied" | "not_applied"
 
@@ -70,17 +72,18 @@ async def _task(redis_url: str, prefix: str):
     settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_INSTANCE_ID": "me",
                               "STRATAMETER_MAX_LABELS_PER_HOUR": "100000"})
     redis = Redis.from_url(redis_url)
-    store = _FlakyStore(redis, prefix)
+    store = Store(redis, prefix)
+    store.requests = _FlakyRequests(store.connection)
     ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
     n, rng = 3000, np.random.default_rng(1)
     now_ms = int(time.time() * 1000)
     await ingest.apply(0, np.arange(n), ["c"] * n, [f"i{j}" for j in range(n)], rng.random(n), np.ones(n, bool),
                        np.full(n, now_ms), [None] * n)  # a stream that just started: the loop paces requests
-    leases = Leases(store, settings.instance_id)
+    leases = Leases(store.registry, settings.instance_id)
     await leases.renew()
     assert leases.owned == {"c"}
     kafka = _Kafka()
-    task = RequestTask(store, settings, kafka, leases, Health(), asyncio.Event(), asyncio.Event(),
+    task = RequestTask(store, ProcessState(), settings, kafka, leases, Health(), asyncio.Event(), asyncio.Event(),
                        ClassifierFailures())
     return task, store, kafka.producer, redis
 
@@ -97,7 +100,7 @@ async def _pending(store: Store) -> set[str]:
 @pytest.mark.parametrize("failure", ["applied", "not_applied"])
 async def test_a_step_cut_short_by_redis_publishes_and_plans_on_the_next_pass(redis_url, unique_name, failure):
     task, store, producer, redis = await _task(redis_url, unique_name("outbox"))
-    store.fail_next_issue = failure
+    store.requests.fail_next_issue = failure
     await task._pass()  # ISSUE fails: nothing is published
     assert producer.sent == []
     recorded = await _pending(store)
@@ -106,7 +109,7 @@ async def test_a_step_cut_short_by_redis_publishes_and_plans_on_the_next_pass(re
     published = _published(producer)
     assert published, "the next pass must request labels"
     assert recorded <= published, "requests recorded by the cut-short step must be published"
-    assert await store.unpublished("c") == []
+    assert await store.requests.unpublished("c") == []
     assert await _pending(store) == published
     await redis.aclose()
 
@@ -119,5 +122,5 @@ async def test_requests_kafka_refused_are_published_on_the_next_pass(redis_url, 
     assert recorded and producer.sent == []
     await task._pass()
     assert recorded <= _published(producer)
-    assert await store.unpublished("c") == []
+    assert await store.requests.unpublished("c") == []
     await redis.aclose()

@@ -61,8 +61,8 @@ async def _two_phases(redis_url, unique_name, first_size: int, second_size: int,
                                                                                    all_rng)
     await _ingest(first, items[:n1], scores[:n1], 0)
     await _ingest(reference, items[:n1], scores[:n1], 0)
-    t = (await store.chunk_ids("clf"))[0]
-    strata = int((await store.chunks("clf", [t]))[0].strata)
+    t = (await store.chunks.chunk_ids("clf"))[0]
+    strata = int((await store.chunks.chunk_states("clf", [t]))[0].strata)
     tau = None
     if tau_rank is not None:
         tau = [sorted((await _reservoirs(redis, store, t, strata))[k].values())[tau_rank] for k in range(strata)]
@@ -80,14 +80,14 @@ async def test_a_raised_reservoir_size_applies_from_the_next_chunk(redis_url, un
         # the bottom SMALL of the whole chunk, the early items as likely as the late ones (before:
         # 64 members, the early items' beyond the 16 lowest gone for good, the late ones' kept)
         assert set(members) == set(sorted(truth[k], key=truth[k].get)[:SMALL])
-    (cs,) = await store.chunks("clf", [t])
+    (cs,) = await store.chunks.chunk_states("clf", [t])
     assert cs.reservoir_size == SMALL
     assert cs.effective_reservoir_size(4 * SMALL) == SMALL  # the loop's cap on the thresholds
     # the next chunk opens with the new size
     later = _ingestor(redis_url, store, 4 * SMALL, np.random.default_rng(6))
     await _ingest(later, [f"j{i}" for i in range(3000)], np.random.default_rng(7).uniform(0.5, 1.0, 3000), 9000,
                   at=NEXT)
-    (nxt,) = await store.chunks("clf", [t + 1])
+    (nxt,) = await store.chunks.chunk_states("clf", [t + 1])
     assert nxt.reservoir_size == 4 * SMALL
     assert all(len(r) == 4 * SMALL for r in await _reservoirs(redis, store, t + 1, nxt.strata))
     await redis.aclose()
@@ -104,6 +104,6 @@ async def test_a_lowered_reservoir_size_keeps_the_items_under_a_threshold(redis_
         assert {i for i, p in members.items() if p <= tau[k]} == under
         # above the thresholds, the lowered size at once (a bottom-8 of the bottom-32)
         assert set(members) == under | set(sorted(truth[k], key=truth[k].get)[:lowered])
-    (cs,) = await store.chunks("clf", [t])
+    (cs,) = await store.chunks.chunk_states("clf", [t])
     assert cs.effective_reservoir_size(lowered) == lowered
     await redis.aclose()

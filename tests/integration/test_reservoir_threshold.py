@@ -33,7 +33,7 @@ async def _ingest(ingest: ScoreIngestor, items: list[str], scores: np.ndarray, f
 
 
 async def _reservoirs(redis: Redis, store: Store, strata: int) -> list[dict[str, float]]:
-    t = (await store.chunk_ids("clf"))[0]
+    t = (await store.chunks.chunk_ids("clf"))[0]
     out = []
     for k in range(strata):
         members = await redis.zrange(f"{store.keys.chunk('clf', t)}:res:{k}", 0, -1, withscores=True)
@@ -54,8 +54,8 @@ async def test_items_under_a_threshold_stay_in_a_full_reservoir(redis_url, uniqu
         ingestors[name] = ScoreIngestor(stores[name], settings, np.random.default_rng(3))  # the same priorities
         await _ingest(ingestors[name], items[:n1], scores[:n1], 0)
     small, everything = stores["small"], stores["all"]
-    t = (await small.chunk_ids("clf"))[0]
-    strata = int((await small.chunks("clf", [t]))[0].strata)
+    t = (await small.chunks.chunk_ids("clf"))[0]
+    strata = int((await small.chunks.chunk_states("clf", [t]))[0].strata)
     # each stratum's threshold at its 12th-lowest priority so far (what ISSUE stores with a round)
     tau = [sorted((await _reservoirs(redis, small, strata))[k].values())[11] for k in range(strata)]
     await redis.hset(small.keys.chunk("clf", t) + ":meta", "tau", orjson.dumps(tau))
@@ -80,7 +80,7 @@ async def test_a_reservoir_without_a_threshold_is_the_bottom_k(redis_url, unique
     rng = np.random.default_rng(12)
     await _ingest(ScoreIngestor(store, settings, np.random.default_rng(4)), [f"i{i}" for i in range(3000)],
                   rng.uniform(0.5, 1.0, 3000), 0)
-    t = (await store.chunk_ids("clf"))[0]
-    strata = int((await store.chunks("clf", [t]))[0].strata)
+    t = (await store.chunks.chunk_ids("clf"))[0]
+    strata = int((await store.chunks.chunk_states("clf", [t]))[0].strata)
     assert all(len(r) == SMALL for r in await _reservoirs(redis, store, strata))
     await redis.aclose()

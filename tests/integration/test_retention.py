@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
 
 pytestmark = pytest.mark.integration
@@ -38,15 +39,15 @@ async def test_old_chunks_are_purged_and_memory_stays_bounded(redis_backend, uni
                            rng.random(n), np.ones(n, bool), np.full(n, 1_700_000_000_000 + 1000 * t + 5),
                            [None] * n)
         offset += n
-        ids = await store.chunk_ids("c")
-        await store.purge_chunks("c", ids, keep_full=5, keep_history=10)
+        ids = await store.chunks.chunk_ids("c")
+        await store.requests.purge_chunks("c", ids, keep_full=5, keep_history=10)
         if t in (19, 39):
             sizes.append(await _memory(redis, prefix))
-    ids = await store.chunk_ids("c")
+    ids = await store.chunks.chunk_ids("c")
     assert len(ids) == 10
     with_reservoir = [t for t in ids if await redis.exists(f"{store.keys.chunk('c', t)}:res:0")]
     assert with_reservoir == ids[-5:]
-    assert (await store.classifier_summary("c"))["meta"]["scores_total"] == str(40 * 500)
+    assert (await store.chunks.classifier_summary("c"))["meta"]["scores_total"] == str(40 * 500)
     # twice the stream, same memory (within 10%)
     assert abs(sizes[1] - sizes[0]) < 0.1 * sizes[0], sizes
     await redis.aclose()
@@ -55,9 +56,9 @@ async def test_old_chunks_are_purged_and_memory_stays_bounded(redis_backend, uni
 async def test_issued_requests_expire_after_retention(redis_url, unique_name):
     redis = Redis.from_url(redis_url)
     store = Store(redis, unique_name("ttl"))
-    assert await store.acquire_lease("c", "me", 10_000)
-    issued = await store.issue("c", 1, 1_000, 2_000_000_000_000, 1, "me", [["c/tok", 0, "item", 0.9, "{}"]], {},
-                               retention_ms=60_000)
+    assert await store.registry.acquire_lease("c", "me", 10_000)
+    issued = await store.requests.issue("c", 1, 1_000, 2_000_000_000_000, 1, "me", [["c/tok", 0, "item", 0.9, "{}"]],
+                                        {}, retention_ms=60_000)
     assert issued == ["c/tok"]
     ttl = await redis.pttl(store.keys.request("c", "c/tok"))
     assert ttl > 0
@@ -86,7 +87,7 @@ async def test_the_process_caches_keep_open_chunks_only(redis_url, unique_name):
     assert sorted(ingest._cuts) == [("c", 1_700_000_028), ("c", 1_700_000_029), ("d", 1_700_000_028),
                                     ("d", 1_700_000_029)]
     assert all(t >= 1_700_000_028 for _, t in ingest._cutoffs)
-    loop = RequestLoop(store, settings, publish=None)
+    loop = RequestLoop(store, ProcessState(), settings, publish=None)
     memory = loop._remember("c")
     memory.seen.update({t: () for t in range(30)})
     memory.priors["c~negatives"] = {t: Prior(1.0, np.ones(1)) for t in range(30)}
@@ -123,20 +124,20 @@ async def test_a_classifier_silent_for_its_whole_history_is_forgotten(redis_back
                            rng.random(n) < 0.5, np.full(n, event_ms), [None] * n)
     assert await redis.exists(store.keys.meta("old~negatives"))  # both sides have state
     # a refused FORGET: the caller saw an older newest chunk than there is
-    ids = await store.chunk_ids("old")
-    assert not await store.forget("old", [ids[-1] - 5])
+    ids = await store.chunks.chunk_ids("old")
+    assert not await store.requests.forget("old", [ids[-1] - 5])
     assert await redis.exists(store.keys.meta("old"))
-    loop = RequestLoop(store, settings, publish=None)
+    loop = RequestLoop(store, ProcessState(), settings, publish=None)
     await loop.step("old")
     await loop.step("live")
     assert [k async for k in redis.scan_iter(f"{prefix}:{{old}}*")] == []
-    assert await store.classifiers() == ["live", "was"]
+    assert await store.registry.classifiers() == ["live", "was"]
     assert await redis.exists(store.keys.meta("live")) and await redis.exists(store.keys.meta("live~negatives"))
     # recall no longer enabled: the negatives' state of the time it was goes with the classifier
     precision_only = load_settings({"STRATAMETER_REDIS_URL": redis_backend.url, "STRATAMETER_CHUNK_SECONDS": "1",
                                     "STRATAMETER_HISTORY_CHUNKS": "2", "STRATAMETER_ALLOWED_LATENESS_SECONDS": "1"})
     assert await redis.exists(store.keys.meta("was~negatives"))
-    await RequestLoop(store, precision_only, publish=None).step("was")
+    await RequestLoop(store, ProcessState(), precision_only, publish=None).step("was")
     assert [k async for k in redis.scan_iter(f"{prefix}:{{was}}*")] == []
     await redis.aclose()
 
@@ -155,18 +156,19 @@ async def test_a_purge_skips_the_chunks_purged_before(redis_backend, unique_name
         n = 100
         await ingest.apply(0, np.arange(100 * t, 100 * t + n), ["c"] * n, [f"i{100 * t + j}" for j in range(n)],
                            rng.random(n), np.ones(n, bool), np.full(n, 1_700_000_000_000 + 1000 * t + 5), [None] * n)
-        return await store.chunk_ids("c")
+        return await store.chunks.chunk_ids("c")
 
     for t in range(8):
         ids = await chunk(t)
-    assert await store.purge_chunks("c", ids, keep_full=3, keep_history=6) == 5  # the first purge: every old chunk
-    ids = await store.chunk_ids("c")
+    # the first purge: every old chunk
+    assert await store.requests.purge_chunks("c", ids, keep_full=3, keep_history=6) == 5
+    ids = await store.chunks.chunk_ids("c")
     assert len(ids) == 6
     purged_through = ids[-4]
     ids = await chunk(8)
     # the chunk leaving the retention and the one leaving the history, no other
-    assert await store.purge_chunks("c", ids, keep_full=3, keep_history=6, purged_through=purged_through) == 2
-    ids = await store.chunk_ids("c")
+    assert await store.requests.purge_chunks("c", ids, keep_full=3, keep_history=6, purged_through=purged_through) == 2
+    ids = await store.chunks.chunk_ids("c")
     with_reservoir = [t for t in ids if await redis.exists(f"{store.keys.chunk('c', t)}:res:0")]
     assert len(ids) == 6 and with_reservoir == ids[-3:]
     await redis.aclose()

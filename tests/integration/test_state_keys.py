@@ -28,9 +28,11 @@ from stratameter.config import load_settings
 from stratameter.ingest.aggregate import build_payload, group_by_classifier
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state import scripts
+from stratameter.state.calls import IngestCall, LabelCall, LabelReply
 from stratameter.state.keys import ingest_chunks, negatives_of
+from stratameter.state.records import ChunkCuts
 from stratameter.state.scripts import encode_ingest
-from stratameter.state.store import ChunkCuts, Store
+from stratameter.state.store import Store
 
 LUA_DIR = Path(scripts.__file__).parent / "lua"
 
@@ -240,47 +242,47 @@ async def _exercise(store: Store, settings) -> None:
     await batch(300, 10, t0 - 3_600_000)  # an older chunk opens provisional (exact scores kept)
     await batch(310, 80, t0 - 3_600_000)  # ... and is re-stratified first (INGEST refuses, RESTRATIFY)
     await batch(390, 10, t0 - 7_200_000)  # another opens provisional and is kept in its one stratum (FREEZE)
-    assert await store.freeze(cid, (t0 - 7_200_000) // 3_600_000)
-    (chunk_a,) = [t for t in await store.chunk_ids(cid) if t * 3_600_000 <= t0 < (t + 1) * 3_600_000]
-    members = [entries[0][0] for entries in await store.reservoirs(cid, chunk_a, 4)]
-    assert await store.acquire_lease(cid, "me", 10_000)  # LEASE
+    assert await store.chunks.freeze(cid, (t0 - 7_200_000) // 3_600_000)
+    (chunk_a,) = [t for t in await store.chunks.chunk_ids(cid) if t * 3_600_000 <= t0 < (t + 1) * 3_600_000]
+    members = [entries[0][0] for entries in await store.chunks.reservoirs(cid, chunk_a, 4)]
+    assert await store.registry.acquire_lease(cid, "me", 10_000)  # LEASE
     requests = [[f"{cid}/tok{k}", k, orjson.loads(m)["i"], orjson.loads(m)["s"], m] for k, m in enumerate(members)]
     await store.redis.hset(store.keys.chunk_replace(cid, chunk_a), "0", 2)
-    issued = await store.issue(cid, chunk_a, now, now + 60_000, 1, "me", requests[:2], {0: 1}, 60_000,
+    issued = await store.requests.issue(cid, chunk_a, now, now + 60_000, 1, "me", requests[:2], {0: 1}, 60_000,
                                np.array([0.1, 0.2, 0.3, 0.4]))  # ISSUE
     assert issued == [f"{cid}/tok0", f"{cid}/tok1"]
-    await store.mark_published(cid, issued)  # MARK_PUBLISHED
-    out = await store.apply_labels([(cid, 0, 0, f"{cid}/tok0", "1", now, "ann"),  # LABEL: accepted
-                                    (cid, 0, 1, f"{cid}/tok1", "null", now, "ann"),  # skipped
-                                    (cid, 0, 2, f"{cid}/tok0", "0", now, "ann"),  # duplicate
-                                    (cid, 0, 3, f"{cid}/unknown", "1", now, "ann")])  # unknown
-    assert [r[0] for r in out] == ["accepted", "skipped", "duplicate", "unknown"]
-    late = await store.issue(cid, chunk_a, now, now - 1, 2, "me", requests[2:], {}, 60_000)
-    assert await store.expire(cid, now) == 2  # EXPIRE
-    out = await store.apply_labels([(cid, 0, 4, late[0], "1", now, "ann")])
-    assert out[0][0] == "expired"
-    assert await store.evaluate_round(cid, chunk_a, 1, 1, "open")  # EVALUATE_ROUND
-    assert await store.release_lease(cid, "me")  # RELEASE
-    assert await store.count_invalid("scores", 0, -1, 5, {"bad_json": 2}) == (True, 5)  # GLOBAL_COUNT
-    assert await store.count_unknown_labels(0, -1, 3, 1) == (True, 3)
-    assert await store.unknown_labels() == 1
-    assert await store.note_applied({"scores:0": (-1, 400)}) == [None]  # NOTE_APPLIED
-    assert await store.note_applied({"scores:0": (400, 300)}) == [400]  # never lowered
-    assert await store.note_applied({"scores:0": (500, 600)}) == [400]  # below the caller's last: went back
-    assert await store.applied_marks(["scores:0", "labels:0"]) == [400, None]  # left for the replay
-    assert not await store.lower_applied("scores:0", 450)  # LOWER_APPLIED: only lowers
-    assert await store.lower_applied("scores:0", 350)
-    assert await store.applied_marks(["scores:0"]) == [350]
+    await store.requests.mark_published(cid, issued)  # MARK_PUBLISHED
+    out = await store.requests.apply_labels([LabelCall(cid, 0, 0, f"{cid}/tok0", "1", now, "ann"),  # LABEL: accepted
+                                             LabelCall(cid, 0, 1, f"{cid}/tok1", "null", now, "ann"),  # skipped
+                                             LabelCall(cid, 0, 2, f"{cid}/tok0", "0", now, "ann"),  # duplicate
+                                             LabelCall(cid, 0, 3, f"{cid}/unknown", "1", now, "ann")])  # unknown
+    assert [r.outcome for r in out] == ["accepted", "skipped", "duplicate", "unknown"]
+    late = await store.requests.issue(cid, chunk_a, now, now - 1, 2, "me", requests[2:], {}, 60_000)
+    assert await store.requests.expire(cid, now) == 2  # EXPIRE
+    out = await store.requests.apply_labels([LabelCall(cid, 0, 4, late[0], "1", now, "ann")])
+    assert out[0].outcome == "expired"
+    assert await store.chunks.evaluate_round(cid, chunk_a, 1, 1, "open")  # EVALUATE_ROUND
+    assert await store.registry.release_lease(cid, "me")  # RELEASE
+    assert await store.offsets.count_invalid("scores", 0, -1, 5, {"bad_json": 2}) == (True, 5)  # GLOBAL_COUNT
+    assert await store.offsets.count_unknown_labels(0, -1, 3, 1) == (True, 3)
+    assert await store.offsets.unknown_labels() == 1
+    assert await store.offsets.note_applied({"scores:0": (-1, 400)}) == [None]  # NOTE_APPLIED
+    assert await store.offsets.note_applied({"scores:0": (400, 300)}) == [400]  # never lowered
+    assert await store.offsets.note_applied({"scores:0": (500, 600)}) == [400]  # below the caller's last: went back
+    assert await store.offsets.applied_marks(["scores:0", "labels:0"]) == [400, None]  # left for the replay
+    assert not await store.offsets.lower_applied("scores:0", 450)  # LOWER_APPLIED: only lowers
+    assert await store.offsets.lower_applied("scores:0", 350)
+    assert await store.offsets.applied_marks(["scores:0"]) == [350]
     negatives = negatives_of(cid)
     # NOTE_ACKNOWLEDGED
-    await store.note_acknowledged({cid: {"scores:0": 400, "labels:0": 3}, negatives: {"scores:0": 390}})
-    await store.note_acknowledged({cid: {"scores:0": 300, "labels:0": 5}})  # raised, never lowered
-    assert await store.acknowledged_offsets([cid, negatives, "clf-none"], ["scores:0", "labels:0"]) == {
+    await store.offsets.note_acknowledged({cid: {"scores:0": 400, "labels:0": 3}, negatives: {"scores:0": 390}})
+    await store.offsets.note_acknowledged({cid: {"scores:0": 300, "labels:0": 5}})  # raised, never lowered
+    assert await store.offsets.acknowledged_offsets([cid, negatives, "clf-none"], ["scores:0", "labels:0"]) == {
         cid: {"scores:0": 400, "labels:0": 5}, negatives: {"scores:0": 390}}
-    assert await store.forget(cid, await store.chunk_ids(cid))  # FORGET
+    assert await store.requests.forget(cid, await store.chunks.chunk_ids(cid))  # FORGET
     assert not await store.redis.exists(store.keys.meta(cid), store.keys.chunk_meta(cid, chunk_a),
                                         store.keys.acknowledged(cid))  # its acknowledged offsets with it
-    assert await store.acknowledged_offsets([negatives], ["scores:0"]) == {negatives: {"scores:0": 390}}
+    assert await store.offsets.acknowledged_offsets([negatives], ["scores:0"]) == {negatives: {"scores:0": 390}}
 
 
 @pytest.mark.integration
@@ -289,7 +291,7 @@ async def test_every_script_touches_only_its_declared_keys_in_one_slot(embedded_
                               "STRATAMETER_CHUNK_SECONDS": "3600", "STRATAMETER_RESERVOIR_SIZE": "64"})
     redis = Redis.from_url(embedded_redis.url)
     store = Store(redis, unique_name("keys"))
-    names_by_sha = {s.sha: name for name, s in store._scripts.items()}
+    names_by_sha = {s.sha: name for name, s in store.connection.scripts.registered.items()}
     try:
         async with Monitor(embedded_redis.url) as monitor:
             await _exercise(store, settings)
@@ -325,9 +327,10 @@ async def test_ingest_keys_given_by_the_caller_or_read_from_the_payload(store):
     redis = store.redis
     raw = encode_ingest(payload)
     for t in (0, 1):  # INGEST refuses a chunk never opened (or lost with Redis)
-        await store.open_chunk("c", t, np.array([0.5]), 0, 64)
-    out = await store.apply_ingest([("c", 0, -1, 5, raw, ingest_chunks(payload)), ("c", 1, -1, 5, raw)])
-    assert [(applied, stored) for applied, stored, _, _ in out] == [(True, 5), (True, 5)]
+        await store.chunks.open_chunk("c", t, np.array([0.5]), 0, 64)
+    out = await store.chunks.apply_ingest([IngestCall("c", 0, -1, 5, raw, ingest_chunks(payload)),
+                                           IngestCall("c", 1, -1, 5, raw)])
+    assert [(r.applied, r.stored_offset) for r in out] == [(True, 5), (True, 5)]
     assert await redis.hget(store.keys.meta("c"), "scores_total") == b"12"
     assert await redis.zcard(store.keys.reservoir("c", 1, 1)) == 1  # the same item twice
 
@@ -342,16 +345,17 @@ async def test_hot_pipelines_send_bare_evalsha_and_load_the_scripts_on_noscript(
     payload = encode_ingest(build_payload(recs, 3600, lambda t: ChunkCuts(np.array([0.5]), 0, False), 64, 0,
                                          np.random.default_rng(0)))
     redis = store.redis
-    await store.open_chunk("c", 0, np.array([0.5]), 0, 64)
+    await store.chunks.open_chunk("c", 0, np.array([0.5]), 0, 64)
     async with Monitor(redis_url) as monitor:
         await redis.script_flush()
-        out = await store.apply_ingest([("c", 0, -1, 2, payload)])
-        out += await store.apply_ingest([("c", 0, 2, 5, payload)])
-        assert (await store.apply_labels([("c", 0, 0, "c/none", "1", 0, "x")]))[0][0] == "unknown"
+        out = await store.chunks.apply_ingest([IngestCall("c", 0, -1, 2, payload)])
+        out += await store.chunks.apply_ingest([IngestCall("c", 0, 2, 5, payload)])
+        (reply,) = await store.requests.apply_labels([LabelCall("c", 0, 0, "c/none", "1", 0, "x")])
+        assert reply.outcome == "unknown"
         marker = b"end-noscript"
         await redis.echo(marker)
         await monitor.until(marker)
-    assert [(applied, stored) for applied, stored, _, _ in out] == [(True, 2), (True, 5)]
+    assert [(r.applied, r.stored_offset) for r in out] == [(True, 2), (True, 5)]
     assert await redis.hget(store.keys.meta("c"), "scores_total") == b"6"
     commands = [args[0].upper() for client, args in monitor.lines if client != b"lua"]
     assert b"SCRIPT" in commands  # loaded once, after the NOSCRIPT
@@ -363,16 +367,17 @@ async def test_hot_pipelines_send_bare_evalsha_and_load_the_scripts_on_noscript(
 
 
 async def _pending_request(store: Store, cid: str, rid: str, chunk: int = 7) -> None:
-    assert await store.acquire_lease(cid, "me", 10_000)
+    assert await store.registry.acquire_lease(cid, "me", 10_000)
     now = int(time.time() * 1000)
-    assert await store.issue(cid, chunk, now, now + 60_000, 1, "me", [[rid, 0, rid, 0.5, "{}"]], {}, 60_000) == [rid]
+    assert await store.requests.issue(cid, chunk, now, now + 60_000, 1, "me", [[rid, 0, rid, 0.5, "{}"]], {},
+                                      60_000) == [rid]
 
 
 @pytest.mark.integration
 async def test_label_refuses_when_the_request_is_not_what_was_read(store):
     redis, cid = store.redis, "c"
     await _pending_request(store, cid, "c/a")
-    label = store._scripts["LABEL"]
+    label = store.connection.scripts.registered["LABEL"]
     now = int(time.time() * 1000)
     # read as absent (no chunk keys), pending in fact: refused, nothing changed
     res = await label(keys=store.keys.label_keys(cid, "c/a", ""), args=[0, 5, "c/a", "1", now, "x", "", ""])
@@ -415,8 +420,9 @@ async def test_labels_refused_after_the_read_are_retried_in_offset_order(store, 
 
     monkeypatch.setattr(redis, "pipeline", spying_pipeline)
     now = int(time.time() * 1000)
-    out = await store.apply_labels([(cid, 3, 10, "c/a", "1", now, "x"), (cid, 3, 11, "c/b", "0", now, "x")])
-    assert out == [["accepted", "7", "0"], ["accepted", "7", "0"]]
+    out = await store.requests.apply_labels([LabelCall(cid, 3, 10, "c/a", "1", now, "x"),
+                                             LabelCall(cid, 3, 11, "c/b", "0", now, "x")])
+    assert out == [LabelReply("accepted", chunk=7, stratum=0), LabelReply("accepted", chunk=7, stratum=0)]
     assert len(made) == 4  # read, LABEL (both refused), read, LABEL
     assert await redis.hget(store.keys.labels_offsets(cid), "3") == b"11"
     assert await redis.hget(store.keys.chunk_labels(cid, 7), "0") == b"2"
@@ -430,25 +436,25 @@ async def test_pending_by_chunk_reads_each_requests_chunk_once(store, monkeypatc
     redis, cid = store.redis, "c"
     await _pending_request(store, cid, "c/a", chunk=7)
     await _pending_request(store, cid, "c/b", chunk=8)
-    assert await store.pending_by_chunk(cid) == {7: 1, 8: 1}  # without a memo: as before
+    assert await store.requests.pending_by_chunk(cid) == {7: 1, 8: 1}  # without a memo: as before
     read: list[list[str]] = []
-    hgets = store._hgets
+    hgets = store.connection.hgets
 
     async def counting(keys, field):
         read.append(keys)
         return await hgets(keys, field)
 
-    monkeypatch.setattr(store, "_hgets", counting)
+    monkeypatch.setattr(store.connection, "hgets", counting)
     memo: dict[str, int] = {}
-    assert await store.pending_by_chunk(cid, memo) == {7: 1, 8: 1}
+    assert await store.requests.pending_by_chunk(cid, memo) == {7: 1, 8: 1}
     assert memo == {"c/a": 7, "c/b": 8} and len(read) == 1 and len(read[0]) == 2
     await _pending_request(store, cid, "c/c", chunk=8)
-    assert await store.pending_by_chunk(cid, memo) == {7: 1, 8: 2}
+    assert await store.requests.pending_by_chunk(cid, memo) == {7: 1, 8: 2}
     assert read[1] == [store.keys.request(cid, "c/c")]  # only the new request was read
     now = int(time.time() * 1000)
-    assert (await store.apply_labels([(cid, 0, 0, "c/a", "1", now, "x")]))[0][0] == "accepted"
+    assert (await store.requests.apply_labels([LabelCall(cid, 0, 0, "c/a", "1", now, "x")]))[0].outcome == "accepted"
     before = len(read)  # LABEL's own read of the request
-    assert await store.pending_by_chunk(cid, memo) == {8: 2}
+    assert await store.requests.pending_by_chunk(cid, memo) == {8: 2}
     assert memo == {"c/b": 8, "c/c": 8} and len(read) == before
 
 
@@ -461,9 +467,9 @@ async def test_an_answer_after_the_deadline_is_expired_before_the_sweep(store):
     await _pending_request(store, cid, "c/b")
     deadline = int(await redis.hget(k.request(cid, "c/b"), "deadline_ms"))
     assert int(await redis.hget(k.request(cid, "c/a"), "deadline_ms")) <= deadline
-    out = await store.apply_labels([(cid, 0, 0, "c/a", "1", deadline - 60_000, "x"),  # in time
-                                    (cid, 0, 1, "c/b", "0", deadline, "x")])  # at the deadline: late
-    assert out == [["accepted", "7", "0"], ["expired", "7", "0"]]
+    out = await store.requests.apply_labels([LabelCall(cid, 0, 0, "c/a", "1", deadline - 60_000, "x"),  # in time
+                                             LabelCall(cid, 0, 1, "c/b", "0", deadline, "x")])  # at the deadline: late
+    assert out == [LabelReply("accepted", chunk=7, stratum=0), LabelReply("expired", chunk=7, stratum=0)]
     assert await redis.hget(k.request(cid, "c/b"), "state") == b"expired"
     counters = {a.decode(): int(b) for a, b in (await redis.hgetall(k.counters(cid))).items()
                 if a != b"last_label_ms"}
@@ -471,9 +477,9 @@ async def test_an_answer_after_the_deadline_is_expired_before_the_sweep(store):
     assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"  # replaced in its stratum
     assert await redis.hget(k.chunk_labels(cid, 7), "0") == b"1"  # only the answer in time was folded
     assert await redis.zcard(k.pending(cid)) == 0
-    assert await store.expire(cid, deadline + 1) == 0  # the sweep finds nothing left to expire
-    out = await store.apply_labels([(cid, 0, 2, "c/b", "1", deadline + 2, "x")])
-    assert out == [["expired"]]  # a second late answer: counted, nothing else changes
+    assert await store.requests.expire(cid, deadline + 1) == 0  # the sweep finds nothing left to expire
+    out = await store.requests.apply_labels([LabelCall(cid, 0, 2, "c/b", "1", deadline + 2, "x")])
+    assert out == [LabelReply("expired")]  # a second late answer: counted, nothing else changes
     assert await redis.hget(k.counters(cid), "requests_expired") == b"1"
     assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"
 
@@ -482,14 +488,14 @@ async def test_an_answer_after_the_deadline_is_expired_before_the_sweep(store):
 async def test_expire_refuses_when_the_due_requests_are_not_what_was_read(store):
     redis, cid = store.redis, "c"
     await _pending_request(store, cid, "c/a")
-    k, expire = store.keys, store._scripts["EXPIRE"]
+    k, expire = store.keys, store.connection.scripts.registered["EXPIRE"]
     later = int(time.time() * 1000) + 120_000
     assert await expire(keys=[k.pending(cid), k.counters(cid)], args=[later]) == -1  # read: none due
     keys = [k.pending(cid), k.counters(cid), k.request(cid, "c/a"), k.chunk_replace(cid, 8)]
     assert await expire(keys=keys, args=[later, "c/a", "8", 4]) == -1  # read: another chunk
     assert await redis.hget(k.request(cid, "c/a"), "state") == b"new"
     assert await redis.zcard(k.pending(cid)) == 1
-    assert await store.expire(cid, later) == 1
+    assert await store.requests.expire(cid, later) == 1
     assert await redis.hget(k.request(cid, "c/a"), "state") == b"expired"
     assert await redis.hget(k.chunk_replace(cid, 7), "0") == b"1"
 
@@ -506,7 +512,7 @@ async def test_every_script_runs_on_a_redis_cluster(redis_cluster_url, unique_na
     redis = RedisCluster.from_url(redis_cluster_url)
     try:
         store = Store(redis, unique_name("keys"))
-        assert store.cluster
+        assert store.connection.scripts.cluster
         await _exercise(store, settings)
     finally:
         await redis.aclose()
@@ -529,12 +535,13 @@ async def test_cluster_batches_run_per_classifier_in_order_and_reload_scripts(re
         for cid in cids:
             await redis.hset(store.keys.meta(cid), "first_seen_ms", 1)
         await redis.script_flush()  # on every primary (the cluster routing of SCRIPT FLUSH)
-        calls = [(cid, 0, off, f"{cid}/none{off}", "1", 0, "x") for off in range(5) for cid in cids]
-        out = await store.apply_labels(calls)
-        assert [r[0] for r in out] == ["unknown"] * len(calls)
+        calls = [LabelCall(cid, 0, off, f"{cid}/none{off}", "1", 0, "x") for off in range(5) for cid in cids]
+        out = await store.requests.apply_labels(calls)
+        assert [r.outcome for r in out] == ["unknown"] * len(calls)
         for cid in cids:
             assert await redis.hget(store.keys.labels_offsets(cid), "0") == b"4"
             assert await redis.hget(store.keys.counters(cid), "labels_unknown") == b"5"
-        assert await store.apply_labels(calls[:3]) == [["replay", "4"]] * 3  # with the offset applied
+        # with the offset applied
+        assert await store.requests.apply_labels(calls[:3]) == [LabelReply("replay", stored_offset=4)] * 3
     finally:
         await redis.aclose()

@@ -19,6 +19,8 @@ from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.metrics.exposition import SnapshotCollector
 from stratameter.requests.loop import RequestLoop
+from stratameter.state.calls import LabelCall
+from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
 
 pytestmark = pytest.mark.integration
@@ -41,10 +43,10 @@ async def _sample_three_chunks(store: Store, monkeypatch, cid: str) -> tuple[obj
     async def publish(records):
         pass
 
-    loop = RequestLoop(store, settings, publish)
+    loop = RequestLoop(store, ProcessState(), settings, publish)
     first = int(clock[0]) // CHUNK_S + 1
     chunks = [first, first + 1, first + 2]
-    assert await store.acquire_lease(cid, "me", 3_600_000)
+    assert await store.registry.acquire_lease(cid, "me", 3_600_000)
     for t in chunks:
         clock[0] = t * CHUNK_S + 5.0
         n = 300
@@ -57,7 +59,8 @@ async def _sample_three_chunks(store: Store, monkeypatch, cid: str) -> tuple[obj
                 break
             for rid in [r.decode() for r in await store.redis.zrange(store.keys.pending(cid), 0, -1)]:
                 label = "1" if rng.random() < 0.8 else "0"
-                await store.apply_labels([(cid, 0, next(offsets), rid, label, int(clock[0] * 1000), "rev")])
+                await store.requests.apply_labels([LabelCall(cid, 0, next(offsets), rid, label, int(clock[0] * 1000),
+                                                             "rev")])
     clock[0] = chunks[-1] * CHUNK_S + 50.0
     return settings, chunks
 
@@ -65,10 +68,10 @@ async def _sample_three_chunks(store: Store, monkeypatch, cid: str) -> tuple[obj
 async def test_a_window_pools_its_chunks_and_the_gauges_say_what_the_json_says(store: Store, monkeypatch):
     settings, chunks = await _sample_three_chunks(store, monkeypatch, "w")
     cfg = settings.for_classifier("w")
-    doc = await classifier_view(store, "w", cfg)
+    doc = await classifier_view(store.chunks, ProcessState(), "w", cfg)
     by_start = {c["chunk"]["start"]: c for c in [doc, *doc["history"]]}
     assert len(by_start) == 3 and doc["estimate"] is not None
-    states = await store.chunks("w", chunks)
+    states = await store.chunks.chunk_states("w", chunks)
     for name, k in (("2m", 2), ("3m", 3)):
         window = doc["windows"][name]
         pooled = states[-k:]
@@ -88,7 +91,7 @@ async def test_a_window_pools_its_chunks_and_the_gauges_say_what_the_json_says(s
         {k: closed_view[k] for k in ("status", "labels", "population", "metrics")}
     assert last["final"] == (last["status"] in ("converged", "exhausted", "stopped"))
     # the gauges: what the JSON says, one series per window and the last closed chunk
-    gauges = await classifier_view(store, "w", cfg, history=False)
+    gauges = await classifier_view(store.chunks, ProcessState(), "w", cfg, history=False)
     assert gauges["windows"] == doc["windows"] and gauges["last_closed"] == doc["last_closed"]
     registry = CollectorRegistry()
     registry.register(SnapshotCollector([gauges], {}, 0, {}, 0, {}, {}))

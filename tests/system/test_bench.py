@@ -142,7 +142,7 @@ async def _reservoirs(redis_url: str, prefix: str, use_cutoffs: bool) -> dict:
         known += sum(int(np.isfinite(c).sum()) for c in ingest._cutoffs.values())  # strata with a cutoff
         if not use_cutoffs:
             ingest._cutoffs.clear()
-    t = (await store.chunk_ids("clf"))[0]
+    t = (await store.chunks.chunk_ids("clf"))[0]
     out = {k: await redis.zrange(f"{store.keys.chunk('clf', t)}:res:{k}", 0, -1, withscores=True) for k in range(4)}
     await redis.aclose()
     return out, known
@@ -267,5 +267,5 @@ async def test_a_refused_batch_is_redone_from_the_stored_offset_not_a_later_pred
     ingest._calls = calls
     assert ingest._offsets[("clf", 0)] >= 199
     assert await ingest.submit(later[0]) == 100
-    assert int((await store.classifier_summary("clf"))["meta"]["scores_total"]) == 300
+    assert int((await store.chunks.classifier_summary("clf"))["meta"]["scores_total"]) == 300
     await redis.aclose()

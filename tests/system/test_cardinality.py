@@ -68,13 +68,13 @@ async def test_admission_counts_ids_admitted_but_not_yet_written(store):
     classifiers set and less the ids admitted here that INGEST has not written yet."""
     from stratameter.ingest.admission import ClassifierAdmission
 
-    admission = ClassifierAdmission(store, cap=3)
+    admission = ClassifierAdmission(store.registry, cap=3)
     assert await admission.refused(["a", "b", "a"]) == set()
     assert await admission.refused(["e", "c", "d"]) == {"d", "e"}  # one room left: the first id in order
     assert await admission.refused(["a", "c"]) == set()  # admitted ones stay admitted
     await store.redis.sadd(store.keys.classifiers, "a", "b", "c")  # what INGEST writes
     assert await admission.refused(["f"]) == {"f"} and admission.fresh == set()
-    other = ClassifierAdmission(store, cap=3)  # another replica: sees the set
+    other = ClassifierAdmission(store.registry, cap=3)  # another replica: sees the set
     assert await other.refused(["b", "z"]) == {"z"}
 
 

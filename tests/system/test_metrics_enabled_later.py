@@ -47,18 +47,18 @@ async def test_ingest_notes_the_latest_event_time_counted_without_the_negatives(
     alone = ScoreIngestor(store, load_settings({"STRATAMETER_REDIS_URL": redis_url}), np.random.default_rng(0))
     both = ScoreIngestor(store, load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_METRICS": ALL}),
                          np.random.default_rng(1))
-    assert await store.unpaired_through("c") is None
+    assert await store.chunks.unpaired_through("c") is None
     await alone.apply(0, *_batch(0, 50, T0 + 5_000))
     await alone.apply(0, *_batch(50, 50, T0 + 1_000))  # late
-    assert await store.unpaired_through("c") == T0 + 5_000
+    assert await store.chunks.unpaired_through("c") == T0 + 5_000
     await alone.apply(0, *_batch(0, 50, T0 + 9_000))  # a replay: nothing applied
-    assert await store.unpaired_through("c") == T0 + 5_000
+    assert await store.chunks.unpaired_through("c") == T0 + 5_000
     assert await both.apply(0, *_batch(100, 100, T0 + 20_000)) == 100
-    assert await store.unpaired_through("c") == T0 + 5_000
-    neg = (await store.classifier_summary(negatives_of("c")))["meta"]
+    assert await store.chunks.unpaired_through("c") == T0 + 5_000
+    neg = (await store.chunks.classifier_summary(negatives_of("c")))["meta"]
     assert int(neg["scores_total"]) == 100
     await alone.apply(0, *_batch(200, 10, T0 + 30_000))  # the negatives off again
-    assert await store.unpaired_through("c") == T0 + 30_000
+    assert await store.chunks.unpaired_through("c") == T0 + 30_000
     await redis.aclose()
 
 

@@ -229,13 +229,13 @@ async def test_label_answers_stop_at_a_state_gone_back(redis_url, unique_name):
         return [o.outcome for o in await folder.apply(0, range(first, first + n), [f"c/t{i}" for i in range(n)],
                                                       [True] * n, [None] * n)]
 
-    folder = LabelFolder(store)
+    folder = LabelFolder(store.requests)
     assert await fold(folder, 0, 10) == ["unknown"] * 10  # no such requests: counted, their offsets applied
     await redis.hset(store.keys.labels_offsets("c"), "0", 4)  # Redis went back
     with pytest.raises(StateRolledBack):
         await fold(folder, 10, 1)
     assert int(await redis.hget(store.keys.labels_offsets("c"), "0")) == 4  # nothing folded past the gap
-    assert await fold(LabelFolder(store), 5, 6) == ["unknown"] * 6  # the restart's replay
+    assert await fold(LabelFolder(store.requests), 5, 6) == ["unknown"] * 6  # the restart's replay
     await redis.aclose()
 
 
@@ -247,9 +247,9 @@ async def test_service_wide_counts_stop_at_a_state_gone_back(redis_url, unique_n
 
     redis = Redis.from_url(redis_url)
     store = Store(redis, unique_name("counts"))
-    counts = GlobalCounts(store)
+    counts = GlobalCounts(store.offsets)
     await counts.add_invalid("scores", 0, {3: "bad_json", 9: "bad_json"}, 9)
-    assert (await store.invalid_counts())[("scores", "bad_json")] == 2
+    assert (await store.offsets.invalid_counts())[("scores", "bad_json")] == 2
     await redis.hset(store.keys.global_offsets("scores"), "0", 4)  # Redis went back
     with pytest.raises(StateRolledBack):
         await counts.add_invalid("scores", 0, {12: "bad_json"}, 12)
@@ -296,6 +296,7 @@ async def test_assignment_replays_a_labels_partition_from_the_lowest_state_gone_
     from stratameter.ingest.ingestor import ScoreIngestor
     from stratameter.labels.folder import LabelFolder
     from stratameter.state.keys import negatives_of
+    from stratameter.state.process import ProcessState
     from stratameter.state.store import Store
 
     redis = Redis.from_url(redis_url)
@@ -303,16 +304,18 @@ async def test_assignment_replays_a_labels_partition_from_the_lowest_state_gone_
     store = Store(redis, settings.redis_key_prefix)
     for cid in ("a", "b", "gone"):
         await redis.sadd(store.keys.classifiers, cid)
-    await store.note_acknowledged({"a": {"labels:0": 20, "scores:0": 50}, negatives_of("a"): {"labels:0": 30},
-                                   "b": {"labels:0": 12}, "gone": {"labels:0": 99}})
+    await store.offsets.note_acknowledged({"a": {"labels:0": 20, "scores:0": 50}, negatives_of("a"): {"labels:0": 30},
+                                           "b": {"labels:0": 12}, "gone": {"labels:0": 99}})
     await redis.hset(store.keys.labels_offsets("a"), "0", 20)  # held
     await redis.hset(store.keys.labels_offsets(negatives_of("a")), "0", 17)  # went back: from 18
     await redis.hset(store.keys.labels_offsets("b"), "0", 9)  # went back: from 10, the lowest
     await redis.hset(store.keys.scores_offsets("a"), "0", 50)  # held
-    folder, ingestor = LabelFolder(store), ScoreIngestor(store, settings)
-    batches = BatchHandler(settings, ingestor, folder, GlobalCounts(store), None, asyncio.Event())
+    process = ProcessState()
+    folder, ingestor = LabelFolder(store.requests), ScoreIngestor(store, settings)
+    batches = BatchHandler(settings, ingestor, folder, GlobalCounts(store.offsets), None, asyncio.Event(),
+                           store.registry, process)
     kafka = _Consumer(committed=0)  # the marks have nothing to replay
-    watch = StateWatch(store, settings, kafka, batches)
+    watch = StateWatch(store, process, settings, kafka, batches)
     labels, scores = TopicPartition(settings.topic_labels, 0), TopicPartition(settings.topic_scores, 0)
     kafka.owned = {labels, scores}
     await watch.replay_rolled_back([labels, scores])

@@ -50,7 +50,7 @@ async def test_a_start_sees_a_state_lost_while_the_service_was_away(kafka_bootst
     group = unique_name("group")
     env = lambda prefix: _env(kafka_bootstrap, redis_url, topics, group, prefix)  # noqa: E731
     first = await _started(env(unique_name("first")))  # a first start: nothing consumed yet
-    assert first.state_watch.losses == 0 and first.store.lost_through_ms is None
+    assert first.state_watch.losses == 0 and first.process.lost_through_ms is None
     # the group consumes and commits a record of the scores topic
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
@@ -64,16 +64,16 @@ async def test_a_start_sees_a_state_lost_while_the_service_was_away(kafka_bootst
     before = int(time.time() * 1000)
     lost = await _started(env(lost_prefix))
     assert lost.state_watch.losses == 1
-    through = lost.store.lost_through_ms
+    through = lost.process.lost_through_ms
     assert before + 1000 * SKEW_S <= through <= int(time.time() * 1000) + 1000 * SKEW_S
     again = await _started(env(lost_prefix))  # restarted on the state since: noted once
-    assert again.state_watch.losses == 0 and again.store.lost_through_ms == through
+    assert again.state_watch.losses == 0 and again.process.lost_through_ms == through
     # a state written before the note (classifiers, no `started_ms`): an upgrade, not a loss
     redis = Redis.from_url(redis_url)
     upgraded = unique_name("upgraded")
     await redis.sadd(Keys(upgraded).classifiers, "c")
     older = await _started(env(upgraded))
-    assert older.state_watch.losses == 0 and older.store.lost_through_ms is None
+    assert older.state_watch.losses == 0 and older.process.lost_through_ms is None
     await redis.aclose()
 
 
@@ -124,7 +124,7 @@ async def test_a_state_lost_while_running_leaves_the_chunk_under_way_incomplete(
         await wait_for(lambda: _scores(doc, 300), 60, "the first half of A")
         assert await _delete_state(redis, prefix) > 0
         await wait_for(lambda: _metric(running, "stratameter_redis_state_lost_total"), 30, "the loss seen")
-        lost_through = service.store.lost_through_ms
+        lost_through = service.process.lost_through_ms
         assert lost_through is not None and lost_through >= chunk_a * 20_000
         await send("a", a_score[300:], 300, a_ms)
         chunk_b = lost_through // 20_000 + 1  # the first chunk starting after the mark
@@ -194,8 +194,8 @@ async def test_ingest_opens_a_chunk_again_whose_state_is_gone(redis_url, unique_
     assert await ingest.apply(0, *batch(0, 400)) == 400
     assert await _delete_state(redis, prefix) > 0
     assert await ingest.apply(0, *batch(400, 300)) == 300
-    (t,) = await store.chunk_ids("c")
-    (cs,) = await store.chunks("c", [t])
+    (t,) = await store.chunks.chunk_ids("c")
+    (cs,) = await store.chunks.chunk_states("c", [t])
     assert int(cs.N.sum()) == 300 and cs.strata == 4
     await redis.aclose()
 
@@ -211,12 +211,12 @@ async def test_a_loss_notes_the_topics_the_offsets_are_written_under(redis_url, 
     redis = Redis.from_url(redis_url)
     prefix = unique_name("topics")
     running = Store(redis, prefix)
-    assert await running.noted_topics("scores2", "labels2") == ("scores2", "labels2")
+    assert await running.registry.noted_topics("scores2", "labels2") == ("scores2", "labels2")
     await redis.hset(Keys(prefix).settings, mapping={"topic_scores": "scores1", "topic_labels": "labels1"})
-    running.first_topics = ("scores1", "labels1")  # what a start on the renamed topics read
+    first_topics = ("scores1", "labels1")  # what a start on the renamed topics read
     assert await _delete_state(redis, prefix) > 0
-    await running.note_state_lost(1_800_000_000_000, 600, 1_800_000_000_000)
-    assert await Store(redis, prefix).noted_topics("scores2", "labels2") == ("scores1", "labels1")
+    await running.registry.note_state_lost(1_800_000_000_000, 600, 1_800_000_000_000, first_topics)
+    assert await Store(redis, prefix).registry.noted_topics("scores2", "labels2") == ("scores1", "labels1")
     await redis.aclose()
 
 
@@ -240,30 +240,31 @@ async def test_a_replica_sees_a_loss_another_start_noted_afresh(redis_url, uniqu
     from a state it shares, and notes the settings afresh.  A sees their ``started_ms`` changed
     (before: the settings being there, neither replica saw the loss) and B follows A's mark."""
     from stratameter.app.state_watch import StateWatch
+    from stratameter.state.process import ProcessState
     from stratameter.state.store import Store
 
     redis = Redis.from_url(redis_url)
     prefix = unique_name("race")
     settings = load_settings({"STRATAMETER_REDIS_URL": redis_url, "STRATAMETER_REDIS_KEY_PREFIX": prefix})
 
-    async def started(committed: int | None) -> tuple[Store, StateWatch]:
-        store = Store(redis, prefix)
-        watch = StateWatch(store, settings, _Group(committed))
-        await store.stored_chunk_seconds(settings.chunk_seconds)  # as the start's checks do first
+    async def started(committed: int | None) -> tuple[ProcessState, StateWatch]:
+        store, process = Store(redis, prefix), ProcessState()
+        watch = StateWatch(store, process, settings, _Group(committed))
+        await store.registry.stored_chunk_seconds(settings.chunk_seconds)  # as the start's checks do first
         await watch.check_at_start()
-        return store, watch
+        return process, watch
 
-    store_a, watch_a = await started(None)  # a first start
-    assert watch_a.losses == 0 and store_a.lost_through_ms is None
+    process_a, watch_a = await started(None)  # a first start
+    assert watch_a.losses == 0 and process_a.lost_through_ms is None
     await asyncio.sleep(0.01)
     assert await _delete_state(redis, prefix) > 0
     await redis.sadd(Keys(prefix).classifiers, "c")  # A's batches list a classifier again
-    store_b, watch_b = await started(42)
+    process_b, watch_b = await started(42)
     assert watch_b.losses == 0  # B cannot tell
     await watch_a.check()
-    assert watch_a.losses == 1 and store_a.lost_through_ms is not None  # before: 0 and None
+    assert watch_a.losses == 1 and process_a.lost_through_ms is not None  # before: 0 and None
     await watch_b.check()
-    assert store_b.lost_through_ms == store_a.lost_through_ms and watch_b.losses == 0
+    assert process_b.lost_through_ms == process_a.lost_through_ms and watch_b.losses == 0
     await watch_a.check()
     await watch_b.check()
     assert (watch_a.losses, watch_b.losses) == (1, 0)  # seen once

@@ -113,7 +113,7 @@ async def test_label_answers_of_a_log_that_started_again_are_reported(redis_url,
     redis = Redis.from_url(redis_url)
     store = Store(redis, unique_name("labels"))
     await redis.hset(store.keys.meta("c"), "first_seen_ms", 1)
-    folder = LabelFolder(store)
+    folder = LabelFolder(store.requests)
 
     async def fold(first: int, n: int, log_end: int) -> list[str]:
         offs = list(range(first, first + n))

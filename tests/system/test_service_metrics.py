@@ -186,11 +186,11 @@ async def test_negatives_are_sampled_while_the_positives_are_too_few_for_strata(
                                      predicted_positive=True, event_time=now_ms)
 
         async def counted(n):
-            return int((await store.classifier_summary("rare"))["meta"].get("scores_total", 0)) >= n
+            return int((await store.chunks.classifier_summary("rare"))["meta"].get("scores_total", 0)) >= n
 
         async def positives_provisional():
-            (t,) = await store.chunk_ids("rare")
-            (cs,) = await store.chunks("rare", [t])
+            (t,) = await store.chunks.chunk_ids("rare")
+            (cs,) = await store.chunks.chunk_states("rare", [t])
             return cs.provisional
 
         await send_positives(0, first_positives)

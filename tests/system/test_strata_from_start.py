@@ -15,8 +15,10 @@ from redis.asyncio import Redis
 
 from stratameter.config import load_settings
 from stratameter.ingest.aggregate import build_payload, group_by_classifier, score_counts
-from stratameter.ingest.ingestor import BINS_CHANGED, RESTRATIFY_FIRST, STALE_CUTS, ScoreIngestor, provisional_cap
-from stratameter.state.store import ChunkCuts, Store
+from stratameter.ingest.ingestor import ScoreIngestor, provisional_cap
+from stratameter.state.calls import IngestRefusal
+from stratameter.state.records import ChunkCuts
+from stratameter.state.store import Store
 from stratameter.stats.sketch import ScoreHistogram
 from stratameter.stats.strata import assign, boundaries
 from tests.harness import Reviewer, running_service, wait_for
@@ -90,7 +92,7 @@ def _spy(store: Store) -> dict[str, list]:
     """Record RESTRATIFY outcomes and INGEST's cuts-guard refusals (their reasons) of `store`; a
     histogram guard's (BINS_CHANGED: two instances adding to one chunk, `ingest.bins`) apart."""
     seen: dict[str, list] = {"restratified": [], "refused": [], "bins_changed": []}
-    restratify, apply_ingest = store.restratify, store.apply_ingest
+    restratify, apply_ingest = store.chunks.restratify, store.chunks.apply_ingest
 
     async def spy_restratify(cid, t, version, cuts):
         done = await restratify(cid, t, version, cuts)
@@ -99,12 +101,12 @@ def _spy(store: Store) -> dict[str, list]:
 
     async def spy_apply(calls):
         out = await apply_ingest(calls)
-        for _applied, _stored, _cutoffs, refused in out:
-            seen["refused"] += [reason for _t, reason in refused if reason != BINS_CHANGED]
-            seen["bins_changed"] += [t for t, reason in refused if reason == BINS_CHANGED]
+        for reply in out:
+            seen["refused"] += [reason for _t, reason in reply.refused if reason != IngestRefusal.BINS_CHANGED]
+            seen["bins_changed"] += [t for t, reason in reply.refused if reason == IngestRefusal.BINS_CHANGED]
         return out
 
-    store.restratify, store.apply_ingest = spy_restratify, spy_apply
+    store.chunks.restratify, store.chunks.apply_ingest = spy_restratify, spy_apply
     return seen
 
 
@@ -115,9 +117,9 @@ def settings(redis_url):
 
 
 async def _chunk(store: Store, cid: str):
-    ids = await store.chunk_ids(cid)
+    ids = await store.chunks.chunk_ids(cid)
     assert len(ids) == 1
-    (cs,) = await store.chunks(cid, ids)
+    (cs,) = await store.chunks.chunk_states(cid, ids)
     return cs
 
 
@@ -128,7 +130,7 @@ async def _check_exact(store: Store, cid: str, scores: np.ndarray, records: int)
     assert not cs.provisional and cs.strata == K, cs
     expected = np.bincount(assign(scores, cs.cuts), minlength=K)
     assert cs.N.tolist() == expected.tolist()
-    res = await store.reservoirs(cid, cs.chunk, K)
+    res = await store.chunks.reservoirs(cid, cs.chunk, K)
     members = {}
     for k, entries in enumerate(res):
         for raw, _priority in entries:
@@ -136,9 +138,9 @@ async def _check_exact(store: Store, cid: str, scores: np.ndarray, records: int)
             assert int(assign(np.array([m["s"]]), cs.cuts)[0]) == k, (m, k, cs.cuts)
             members[m["i"]] = m["s"]
     assert len(members) == sum(len(r) for r in res)  # no member in two strata
-    summary = await store.classifier_summary(cid)
+    summary = await store.chunks.classifier_summary(cid)
     assert int(summary["meta"]["scores_total"]) == records
-    hist = await store.chunk_score_histogram(cid, cs.chunk)  # the `bins` counters, each score once
+    hist = await store.chunks.chunk_score_histogram(cid, cs.chunk)  # the `bins` counters, each score once
     want = ScoreHistogram.from_scores(scores)
     assert (hist.counts.tolist(), hist.min, hist.max) == (want.counts.tolist(), want.min, want.max)
     ck = store.keys.chunk(cid, cs.chunk)
@@ -175,9 +177,10 @@ async def test_slow_stream_gets_its_strata_once_25k_items_arrived(settings, stor
                 assert cs.cuts.tolist() == boundaries(ScoreHistogram.from_scores(pos), K, "perc").tolist()
                 assert np.all(np.bincount(assign(pos, cs.cuts), minlength=K) >= 10)
     assert crossed is not None and int(feed.positive[:crossed - 3].sum()) < CAP <= int(feed.positive[:crossed].sum())
-    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST], "bins_changed": []}
+    assert seen == {"restratified": [(feed.cid, True)], "refused": [IngestRefusal.RESTRATIFY_FIRST],
+                    "bins_changed": []}
     cuts = await _check_exact(store, feed.cid, feed.scores[feed.positive], 240)
-    res = await store.reservoirs(feed.cid, (await _chunk(store, feed.cid)).chunk, K)
+    res = await store.chunks.reservoirs(feed.cid, (await _chunk(store, feed.cid)).chunk, K)
     assert sum(len(r) for r in res) == int(feed.positive.sum()) - 1  # every distinct item kept (one repeat)
 
     # a replay after re-stratification (a restart from older committed offsets) is a no-op:
@@ -202,7 +205,8 @@ async def test_a_replica_with_stale_cuts_reloads_them(settings, store):
     assert not (await _chunk(store, feed.cid)).provisional
     # b's payload was built with the provisional cuts: refused, re-aggregated with the new ones
     assert await b.submit(ahead) == 3
-    assert seen == {"restratified": [(feed.cid, True)], "refused": [RESTRATIFY_FIRST, STALE_CUTS], "bins_changed": []}
+    assert seen == {"restratified": [(feed.cid, True)],
+                    "refused": [IngestRefusal.RESTRATIFY_FIRST, IngestRefusal.STALE_CUTS], "bins_changed": []}
     idx = np.concatenate([np.arange(120), np.arange(300, 306)])
     await _check_exact(store, feed.cid, feed.scores[idx], idx.size)
 
@@ -238,7 +242,8 @@ async def test_two_instances_racing_on_one_new_classifier_stay_consistent(settin
              for p in (0, 1)]
     assert sum(await asyncio.gather(*(replicas[p].submit(preps[p]) for p in (0, 1)))) == 196
     await _check_exact(store, "new3", feed3.scores[:200], 200)
-    assert sorted(seen["refused"]) == [RESTRATIFY_FIRST, RESTRATIFY_FIRST]  # both batches would cross
+    # both batches would cross
+    assert sorted(seen["refused"]) == [IngestRefusal.RESTRATIFY_FIRST, IngestRefusal.RESTRATIFY_FIRST]
     assert [done for _cid, done in seen["restratified"]].count(True) == 1, seen
 
 
@@ -256,7 +261,7 @@ async def _provisional_chunk(settings, store, seed: int):
 async def test_a_provisional_chunk_purged_meanwhile_keeps_one_stratum(settings, store):
     ingest, feed, cs = await _provisional_chunk(settings, store, seed=7)
     # retention purges its reservoir and exact scores (as for a chunk older than CHUNK_RETENTION)
-    await store.purge_chunks(feed.cid, [cs.chunk, cs.chunk + 1], keep_full=1, keep_history=10)
+    await store.requests.purge_chunks(feed.cid, [cs.chunk, cs.chunk + 1], keep_full=1, keep_history=10)
     assert await ingest.apply(0, np.arange(50, 150), *feed.args(np.arange(50, 150), np.arange(50, 150))[1:]) == 100
     cs = await _chunk(store, feed.cid)
     assert not cs.provisional and cs.strata == 1 and cs.N.tolist() == [150]
@@ -268,14 +273,14 @@ async def test_a_provisional_chunk_frozen_once_closed_keeps_one_stratum_and_coun
     on the provisional cuts before the freeze, is refused as stale and counted exactly in the one
     stratum; a second freeze does nothing, nor does a RESTRATIFY of the old version."""
     ingest, feed, cs = await _provisional_chunk(settings, store, seed=8)
-    version = (await store.chunk_strata([(feed.cid, cs.chunk)]))[(feed.cid, cs.chunk)].version
+    version = (await store.chunks.chunk_strata([(feed.cid, cs.chunk)]))[(feed.cid, cs.chunk)].version
     late = await ingest.prepare(0, *feed.args(np.arange(50, 150), np.arange(50, 150)))  # on the provisional cuts
-    assert await store.freeze(feed.cid, cs.chunk)
-    assert not await store.freeze(feed.cid, cs.chunk)
+    assert await store.chunks.freeze(feed.cid, cs.chunk)
+    assert not await store.chunks.freeze(feed.cid, cs.chunk)
     assert await ingest.submit(late) == 100
     cs = await _chunk(store, feed.cid)
     assert not cs.provisional and cs.strata == 1 and cs.N.tolist() == [150]
-    assert not await store.restratify(feed.cid, cs.chunk, version, np.array([0.3, 0.5, 0.7]))
+    assert not await store.chunks.restratify(feed.cid, cs.chunk, version, np.array([0.3, 0.5, 0.7]))
     assert (await _chunk(store, feed.cid)).strata == 1
     assert not await store.redis.exists(store.keys.chunk_pscores(feed.cid, cs.chunk))
 
@@ -307,12 +312,12 @@ async def test_restratify_assigns_like_the_core_also_at_the_cuts(settings, store
     cs = await _chunk(store, "c")
     assert cs.provisional and cs.N.tolist() == [n]
     cuts = np.array([0.2, 0.30000000000000004, 0.7])
-    assert await store.restratify("c", cs.chunk, 0, cuts)
-    assert not await store.restratify("c", cs.chunk, 0, np.array([0.5]))  # done once: version moved
+    assert await store.chunks.restratify("c", cs.chunk, 0, cuts)
+    assert not await store.chunks.restratify("c", cs.chunk, 0, np.array([0.5]))  # done once: version moved
     cs = await _chunk(store, "c")
     assert not cs.provisional and cs.cuts.tolist() == cuts.tolist()
     assert cs.N.tolist() == np.bincount(assign(scores, cuts), minlength=4).tolist() == [3, 3, 1, 4]
-    res = await store.reservoirs("c", cs.chunk, 4)
+    res = await store.chunks.reservoirs("c", cs.chunk, 4)
     got = {orjson.loads(m)["i"]: k for k, entries in enumerate(res) for m, _ in entries}
     assert got == {items[i]: int(k) for i, k in enumerate(assign(scores, cuts))}
 
@@ -337,7 +342,7 @@ async def test_service_slow_stream_new_classifier_gets_k_strata_and_only_final_s
                 await run.producer.flush()
 
                 async def counted(n=b + 3):
-                    return int((await store.classifier_summary(feed.cid))["meta"].get("scores_total", 0)) >= n
+                    return int((await store.chunks.classifier_summary(feed.cid))["meta"].get("scores_total", 0)) >= n
 
                 await wait_for(counted, 30, f"{b + 3} records counted")
                 cs = await _chunk(store, feed.cid)
@@ -362,8 +367,8 @@ async def test_the_stored_histogram_of_real_valued_scores_round_trips(settings, 
     ingest = ScoreIngestor(store, settings, np.random.default_rng(1))
     assert await ingest.apply(0, np.arange(n), ["margins"] * n, [f"i{i}" for i in range(n)], scores,
                               np.ones(n, dtype=bool), np.full(n, _t0()), [None] * n) == n
-    (t,) = await store.chunk_ids("margins")
-    hist, want = await store.chunk_score_histogram("margins", t), ScoreHistogram.from_scores(scores)
+    (t,) = await store.chunks.chunk_ids("margins")
+    hist, want = await store.chunks.chunk_score_histogram("margins", t), ScoreHistogram.from_scores(scores)
     assert (hist.counts.tolist(), hist.min, hist.max) == (want.counts.tolist(), want.min, want.max)
     assert hist.counts[0] == 1 and hist.counts[-1] == 1  # the two extreme buckets
 
@@ -390,7 +395,7 @@ async def test_service_a_chunk_that_closes_provisional_is_sampled_in_its_one_str
         store = run.service.store
 
         async def counted():
-            return int((await store.classifier_summary("slow"))["meta"].get("scores_total", 0)) >= n
+            return int((await store.chunks.classifier_summary("slow"))["meta"].get("scores_total", 0)) >= n
 
         await wait_for(counted, 30, "the records counted")
         assert (await _chunk(store, "slow")).provisional

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from stratameter.ingest.aggregate import (SAMPLE_CAP, ClassifierRecords, build_payload, distinct_chunks,
                                           float_texts, member, members)
 from stratameter.state.scripts import decode_ingest, encode_ingest
-from stratameter.state.store import ChunkCuts
+from stratameter.state.records import ChunkCuts
 
 # item ids as the parser admits them: any text of 1-512 characters (no lone surrogates: not UTF-8)
 _ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40)

@@ -41,7 +41,6 @@ OVER_400: dict[str, tuple[int, str]] = {
     "service/stats/streams.py": (432, "the sampling mathematics of a growing chunk; `_ClosedWidths`, a fused copy "
                                       "of the Wilson interval for the label forecasts' search, is to become one "
                                       "implementation with `estimator.wilson_interval` (issue 48)"),
-    "service/state/store.py": (503, "being split into typed ports by aggregate (issue 48)"),
 }
 
 #: Functions over `MAX_FUNCTION_LINES` without a "Long because" reason: "path:qualname" -> (ceiling,

@@ -21,9 +21,12 @@
 -- Chunk guards (like the offset guard, nothing is applied when one refuses): every chunk of the
 -- payload carries the cuts version `v` it was aggregated with; a provisional chunk's also
 -- `cap`, `n` (its predicted positives in the payload) and `ps` (score -> count).  Refused:
--- {0, stored offset, then per refused chunk: chunk, 1 (stale cuts, or none: reload them), 2 (the
--- provisional chunk would reach `cap` items: RESTRATIFY it first) or 3 (its histogram's counters
--- under `runs` are not the old bytes: read them again)}.
+-- {0, stored offset, then per refused chunk: chunk, reason}, the reason one of
+-- (state.calls.IngestRefusal):
+--   1 IngestRefusal.STALE_CUTS        stale cuts, or none: reload them;
+--   2 IngestRefusal.RESTRATIFY_FIRST  the provisional chunk would reach `cap` items: RESTRATIFY it first;
+--   3 IngestRefusal.BINS_CHANGED      its histogram's counters under `runs` are not the old bytes: read
+--                                     them again.
 local okey, meta, chunks = KEYS[1], KEYS[2], KEYS[3]
 local stored = redis.call('HGET', okey, ARGV[1]) or '-1'
 if tonumber(stored) ~= tonumber(ARGV[2]) then return {0, stored} end
@@ -49,13 +52,13 @@ for i, c in ipairs(p.chunks) do
   local f = redis.call('HMGET', KEYS[base[i]], 'cuts_version', 'provisional', 'res_size', 'cuts')
   if not f[4] or tonumber(f[1] or '0') ~= (c.v or 0) then  -- no cuts: the chunk is gone (Redis lost it)
     refused[#refused + 1] = c.t
-    refused[#refused + 1] = 1
+    refused[#refused + 1] = 1  -- IngestRefusal.STALE_CUTS
   elseif f[2] == '1' and (not c.cap or tonumber(redis.call('HGET', KEYS[base[i] + 2], '0') or '0') + c.n >= c.cap) then
     refused[#refused + 1] = c.t
-    refused[#refused + 1] = 2
+    refused[#refused + 1] = 2  -- IngestRefusal.RESTRATIFY_FIRST
   elseif c.runs and not runs_unchanged(KEYS[base[i] + 1], c.runs) then
     refused[#refused + 1] = c.t
-    refused[#refused + 1] = 3
+    refused[#refused + 1] = 3  -- IngestRefusal.BINS_CHANGED
   end
   prov[i] = f[2] == '1'
   opened[i] = tonumber(f[3]) or p.res_size  -- absent: a chunk opened before the field
