@@ -22,6 +22,7 @@ from ..state.records import ChunkState
 from ..stats.confusion import needs_negatives
 from ..stats.difference import Calibrated
 from ..stats.estimator import Interval
+from .closed_chunks import CLOSED
 
 
 def _iso(seconds: float) -> str:
@@ -151,7 +152,7 @@ async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cf
         return None
     ids_by_side = [summary["chunk_ids"]] + [o["chunk_ids"] for o in other]
     wanted, viewed = _to_read(sorted(set().union(*ids_by_side)), cfg, now_s, history)
-    found = [{c.chunk: c for c in await store.chunk_states(sid, [t for t in wanted if t in set(side_ids)])}
+    found = [await _read(store, sid, [t for t in wanted if t in set(side_ids)], viewed, cfg, now_s)
              for sid, side_ids in zip(sides, ids_by_side)]
     ids = sorted(set().union(*found))
     # precision too where it is not enabled: the top-level fields describe it
@@ -195,6 +196,15 @@ def _to_read(ids: list[int], cfg, now_s: float, history: bool) -> tuple[list[int
     viewed = sorted(set(started[-2:] + closed[-1:]))
     longest = max(window_lengths(cfg.windows, cfg.chunk_seconds).values(), default=1)
     return sorted(set(viewed + started[-(longest + 1):])), viewed
+
+
+async def _read(store: ChunkStore, sid: str, ids: list[int], viewed: list[int], cfg, now_s: float
+                ) -> dict[int, ChunkState]:
+    """State `sid`'s chunks `ids` by id: those `viewed` and those still open read whole, the other
+    closed ones (a window's counts only) through the process's memory of closed chunks."""
+    counted = [t for t in ids if t not in viewed and chunk_closed(t, cfg, now_s)]
+    whole = await store.chunk_states(sid, [t for t in ids if t not in counted])
+    return {cs.chunk: cs for cs in [*whole, *await CLOSED.states(store, sid, counted)]}
 
 
 def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float) -> dict:

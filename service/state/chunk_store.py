@@ -14,7 +14,7 @@ from ..stats.sketch import ScoreHistogram
 from .calls import IngestCall, IngestReply, ingest_reply
 from .connection import StateConnection
 from .keys import ingest_chunks, owner_of
-from .records import (ChunkCuts, ChunkState, LabelledRecords, ReservoirWindow, _vec, histogram_counts,
+from .records import (ChunkCuts, ChunkState, LabelledRecords, ReservoirWindow, stratum_vector, histogram_counts,
                       labelled_records)
 from .registry import Registrations
 from .scripts import decode_ingest
@@ -113,7 +113,7 @@ class ChunkStore:
             cuts = np.asarray(orjson.loads(meta["cuts"]), dtype=float)
             k = cuts.size + 1
             out.append(ChunkState(
-                t, cuts, _vec(N, k), _vec(n, k), _vec(h, k), int(meta.get("round", 0)),
+                t, cuts, stratum_vector(N, k), stratum_vector(n, k), stratum_vector(h, k), int(meta.get("round", 0)),
                 int(meta.get("evaluated_round", 0)), int(meta.get("streak", 0)), meta.get("status", "open"),
                 {int(a): int(b) for a, b in rep.items()},
                 float(meta.get("min", "nan")), float(meta.get("max", "nan")),
@@ -124,6 +124,15 @@ class ChunkStore:
                 reservoir_size=int(meta["res_size"]) if "res_size" in meta else None,
             ))
         return out
+
+    async def label_counts(self, cid: str, ids: list[int]) -> list[dict[str, str]]:
+        """Per chunk of `ids`, its labels per stratum as stored (``{stratum: count}``; empty for a
+        chunk without labels or gone): one small read a chunk, to tell whether a chunk read before
+        has taken a label since (`api.closed_chunks`)."""
+        pipe = self.connection.pipeline()
+        for t in ids:
+            pipe.hgetall(self.keys.chunk_labels(cid, t))
+        return [{k.decode(): v.decode() for k, v in d.items()} for d in await pipe.execute()]
 
     # ---- histograms -----------------------------------------------------------------------
     async def chunk_histogram(self, cid: str, t: int) -> np.ndarray:

@@ -60,7 +60,8 @@ class ReservoirWindow:
     largest: float  # the largest priority kept
 
 
-def _vec(raw: dict, k: int) -> np.ndarray:
+def stratum_vector(raw: dict, k: int) -> np.ndarray:
+    """A ``{stratum: count}`` hash as stored, as counts per stratum for `k` strata (absent: 0)."""
     out = np.zeros(k, dtype=np.int64)
     for key, val in raw.items():
         i = int(key)
