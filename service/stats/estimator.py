@@ -280,14 +280,10 @@ def shift_of_means(N, n, pbar, spread, g2, var, fpc: bool = False, stop: bool = 
     return (g * n / (n + 1.0) + stop_slope) * var_k
 
 
-#: Variance inflation of the default interval for the sequential stopping rule.
-#: The design stops the first time the *estimated* half-width is <= delta, so
-#: it stops preferentially where the variance is underestimated (first-passage
-#: selection, Anscombe 1952; Chow & Robbins 1965 give it only asymptotically).
-#: Measured on `calibrated` (delta 0.01, 8000 runs): the true variance of the
-#: estimator at the realised allocation exceeds the estimate at stop by 2.7 %
-#: on average, and InConf was 0.943 (16000 runs).  Inflating by 3.5 % costs
-#: 3.5 % labels and brings every built-in population to InConf >= 0.95.
+#: Variance inflation of the default interval for the sequential stopping rule: the design
+#: stops the first time the *estimated* half-width is <= delta, so it stops preferentially where
+#: the variance is underestimated (first-passage selection, Anscombe 1952;
+#: docs/decisions/stopping-variance-margin.md).
 STOPPING_VARIANCE_MARGIN = 1.035
 
 
