@@ -38,9 +38,6 @@ MAX_DUPLICATE_PAIRS = 5
 #: entry must go, so the list only shrinks.  When the splits below land, the one entry the bar
 #: still allows is the fast-path score decoder, up to 500 lines with its reason in its docstring.
 OVER_400: dict[str, tuple[int, str]] = {
-    "service/stats/streams.py": (432, "the sampling mathematics of a growing chunk; `_ClosedWidths`, a fused copy "
-                                      "of the Wilson interval for the label forecasts' search, is to become one "
-                                      "implementation with `estimator.wilson_interval` (issue 48)"),
     "service/state/store.py": (503, "being split into typed ports by aggregate (issue 48)"),
 }
 
