@@ -93,6 +93,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     ring_n = np.zeros((S, R, K), dtype=np.int32)
     ring_h = np.zeros((S, R, K), dtype=np.int32)
     ring_c = np.zeros((S, R), dtype=np.int32)
+    ring_live = np.zeros(S, dtype=np.int64)  # per slot, the requests of the active runs landing in it
     budget = s.max_labels_per_hour
     silence = streams.min_silence(T)
     calibrating = bool(s.calibration_min_labels) and c.target is None
@@ -157,6 +158,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
         ring_n[sl] = 0
         ring_h[sl] = 0
         ring_c[sl] = 0
+        ring_live[sl] = 0
         # arrivals: counted; those at or below a stored threshold are due
         new_ptr = arrived_by[:, min(step, n_arr - 1)]
         grew = np.flatnonzero(new_ptr > ptr)
@@ -285,6 +287,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 np.add.at(ring_n, (slot, ir, ik), lab)
                 np.add.at(ring_h, (slot, ir, ik), lab & (c.y[issue] == 1))
                 np.add.at(ring_c, (slot, ir), 1)
+                ring_live += np.bincount(slot, minlength=S)
                 cnt = np.bincount(ir, minlength=R)
                 pend += cnt
                 issued_now += cnt
@@ -334,7 +337,8 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                             closed=closed, status=status[done], capped=~finished[done], stop_seconds=now,
                             tau=tau[d], n=n[d], h=h[d], N=N[d], calibrated=cal_active[d])
                 active[d] = False
-        step = _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
+                ring_live -= ring_c[:, d].sum(axis=1)
+        step = _next_step(step, dt, S, active, ring_live, ptr, c, run_ids, first, last, N, status_now, end, silence,
                           close_step, cap_step)
     if keep_items:
         out.chunks, out.requested, out.requested_at = c, requested, requested_at
@@ -343,7 +347,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     return out
 
 
-def _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
+def _next_step(step, dt, S, active, ring_live, ptr, c, run_ids, first, last, N, status_now, end, silence,
                close_step, cap_step) -> int:
     """The next step at which some active run's step can change anything: an
     answer lands, an item arrives, a stream falls silent, the chunk closes, the
@@ -353,7 +357,7 @@ def _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, sta
     if (status_now[active] == "waiting_for_budget").any():
         return step + 1
     cand = [cap_step] + ([close_step] if step < close_step else [])
-    ahead = np.flatnonzero(ring_c[:, active].any(axis=1))
+    ahead = np.flatnonzero(ring_live)
     if ahead.size:
         cand.append(step + 1 + int(((ahead - step - 1) % S).min()))
     coming = active & (ptr < c.count)
