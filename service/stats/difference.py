@@ -39,7 +39,7 @@ from scipy.special import expit, logit
 
 from .calibration import resolve_kind
 from .confusion import METRICS, moments_ratio_interval, population
-from .estimator import (Interval, _as_counts, shift_of_means, undefined_interval, weights, wilson_design_effect,
+from .estimator import (Interval, _as_counts, shifts_of_means, undefined_interval, weights, wilson_design_effect,
                         z_value)
 from .moments import StratumMoments
 from .sketch import ScoreHistogram, bin_edges_score
@@ -218,11 +218,9 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     var = np.sum(np.where(W > 0, W**2 * m.variances(N, fpc), 0.0))
     missing = ((m.n == 0) & (W > 0)).any()
     pbar = np.clip(m.guarded_mean, 1e-9, 1.0 - 1e-9)
-    def corrected(stop: bool) -> np.ndarray:
-        shifted = np.clip(m.mean + shift_of_means(N, m.n, pbar, m.spread, W**2, var, fpc, stop), 0.0, 1.0)
-        return np.asarray(np.nan if missing else np.sum(W * shifted), dtype=float)
-
-    return wilson_design_effect(corrected(True), var, m.n.sum(), z_value(confidence), corrected(False))
+    at_stop, now = (np.asarray(np.nan if missing else np.sum(W * np.clip(m.mean + shift, 0.0, 1.0)), dtype=float)
+                    for shift in shifts_of_means(N, m.n, pbar, m.spread, W**2, var, fpc))
+    return wilson_design_effect(at_stop, var, m.n.sum(), z_value(confidence), now)
 
 
 def metric_interval(metric: str, N, positive, stratum, z, y, confidence: float = 0.95, fpc: bool = True) -> Interval:
