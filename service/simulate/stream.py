@@ -48,7 +48,7 @@ from ..chunks import lifecycle
 from ..stats import allocation, stopping, streams
 from .arrivals import SCENARIOS, Scenario, StreamSettings, draw, ranges
 from .populations import Population
-from .stream_items import arrivals_by_step, chunk_calibration, raised_thresholds
+from .stream_items import DeferredRounds, arrivals_by_step, chunk_calibration, raised_thresholds
 from .stream_result import StreamResult
 from .trace import GaugeRecorder
 
@@ -97,9 +97,12 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     budget = s.max_labels_per_hour
     silence = streams.min_silence(T)
     calibrating = bool(s.calibration_min_labels) and c.target is None
+    deferred = None
     if calibrating:  # drawn after the chunks, so a run's chunk is the same with the calibration off
         fold = rng.integers(0, 2, c.key.size, dtype=np.int8)
         lands = np.full(c.key.size, np.iinfo(np.int64).max)  # the step a label lands at
+        if budget is None and not trace_runs and s.stop_rounds >= 1:  # where a flowing chunk's status is idle
+            deferred = DeferredRounds(int(s.stop_rounds), s.delta)
 
     N = np.zeros((R, K))
     qsum = np.zeros((R, K))
@@ -210,6 +213,16 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 # a flowing chunk's step that evaluates no round uses its interval only for its status:
                 # there the last one computed stands in (two thirds of the fits saved)
                 fresh_fit = (labels >= s.calibration_min_labels) & (ev | ~flowing)
+                if deferred is not None:  # a flowing chunk's rounds are fitted once it stops flowing
+                    for i in np.flatnonzero(~flowing):
+                        if rows[i] in deferred:
+                            r = int(rows[i])
+                            streak[r], cal = deferred.resolve(r, lambda t, at, Nt: chunk_calibration(
+                                c, r, t, at, Nt, lands, fold, False, s))
+                            cal_active[r], cal_hw[r] = cal.active, cal.interval.halfwidth
+                    for i in np.flatnonzero(fresh_fit & flowing):
+                        deferred.add(int(rows[i]), int(streak[rows[i]]), step, now, Nr[i], float(hw[i]))
+                    fresh_fit &= ~flowing
                 for i in np.flatnonzero(fresh_fit):
                     cal = chunk_calibration(c, int(rows[i]), step, now, Nr[i], lands, fold, closed, s)
                     cal_active[rows[i]] = cal.active

@@ -7,12 +7,14 @@ the loop makes of that layout, each the vectorised twin of the service's own:
 
 * `arrivals_by_step`: how many of a run's items have arrived by each step of the loop;
 * `raised_thresholds`: `streams.threshold_after` for many (run, stratum) pairs at once;
-* `chunk_calibration`: `labels.calibrated.chunk_calibration` for one run's chunk.
+* `chunk_calibration`: `labels.calibrated.chunk_calibration` for one run's chunk;
+* `DeferredRounds`: the calibrated rounds of a flowing chunk, fitted only when they matter.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 
@@ -87,3 +89,44 @@ def chunk_calibration(c: Chunks, run: int, step: int, now: float, N, lands, fold
     items = Labelled(stratum[got], feature(c.score[span][got].astype(float), kind), c.y[span][got], fold[span][got])
     return calibrated_interval(N, items, StratumGrid.from_histogram(hist, c.cuts[run], kind), s.confidence, closed,
                                s.calibration_min_labels)
+
+
+class DeferredRounds:
+    """The rounds a chunk evaluates while its items still flow, with the calibration, fitted only
+    when the chunk stops flowing, and only the last `rounds` of them.
+
+    While items flow, a round's interval decides nothing but the stopping rule's streak: no round
+    of labels is planned (`streams.plan_requests`), the chunk does not stop (it has not closed),
+    and its status matters only against the hourly budget (so: no budget, and no per-step trace,
+    with which every round is fitted as it comes).  Of the streak only ``min(streak, rounds)``
+    ever matters (the rule compares it with `rounds`, and a round either adds one or resets it),
+    and that depends on the last `rounds` rounds only: those, fitted newest first until one does
+    not meet delta, give the same streak, and the newest the calibration the chunk holds."""
+
+    def __init__(self, rounds: int, delta: float) -> None:
+        self.rounds, self.delta = rounds, delta
+        self.held: dict[int, tuple[int, int, deque]] = {}  # run -> (streak before, rounds held, the last ones)
+
+    def __contains__(self, run: int) -> bool:
+        return run in self.held
+
+    def add(self, run: int, streak: int, step: int, now: float, N, halfwidth: float) -> None:
+        """A round of `run` at `step` (`streak` before it; `N` its strata's sizes, `halfwidth` its
+        plain interval's, which it reports unless the calibration is active)."""
+        before, count, last = self.held.get(run, (streak, 0, deque(maxlen=self.rounds)))
+        last.append((step, now, np.array(N), halfwidth))
+        self.held[run] = (before, count + 1, last)
+
+    def resolve(self, run: int, fit) -> tuple[int, Calibrated]:
+        """The streak after `run`'s held rounds (``min(streak, rounds)`` where it reaches that) and
+        the newest round's calibration; ``fit(step, now, N)`` is `chunk_calibration` at a round."""
+        before, count, last = self.held.pop(run)
+        newest = None
+        for met, (step, now, N, halfwidth) in enumerate(reversed(last)):
+            cal = fit(step, now, N)
+            if newest is None:
+                newest = cal
+            hw = float(cal.interval.halfwidth) if cal.active else halfwidth
+            if not (math.isfinite(hw) and hw <= self.delta):
+                return met, newest
+        return (before + count if count <= self.rounds else self.rounds), newest
