@@ -186,10 +186,11 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
         stratum, cuts, start = _side_strata(score, t, valid, count, K, s.stratification, s.reservoir_size)
         stratum[~valid] = K
         positive = None
-    u = rng.integers(1, 2**32, (runs, M), dtype=np.uint32) / 2.0**32
-    # layout: per run by (stratum, priority)
-    order = np.argsort(stratum * 2.0 + u, axis=1, kind="stable")
-    take = lambda x: np.take_along_axis(x, order, axis=1).ravel()  # noqa: E731
+    priority = rng.integers(1, 2**32, (runs, M), dtype=np.uint32)
+    u = priority / 2.0**32
+    # layout: per run by (stratum, priority), flat indices into the (runs, M) arrays
+    flat = (_layout(stratum, priority) + np.arange(runs)[:, None] * M).ravel()
+    take = lambda x: x.ravel()[flat]  # noqa: E731
     # reviewer behaviour is independent of everything else: drawn in layout order
     lo, hi = s.review_delay or scenario.review_delay
     delay = (lo + (hi - lo) * rng.random(runs * M, dtype=np.float32))
@@ -197,18 +198,32 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
     skip = rng.random(runs * M, dtype=np.float32) < skip_rate
     lay_stratum = take(stratum)
     lay_u = take(u)
-    seg = np.repeat(np.arange(runs), M) * (K + 1) + lay_stratum
+    seg = (np.arange(runs)[:, None] * (K + 1) + lay_stratum.reshape(runs, M)).ravel()
     key = seg * 2.0 + lay_u
     seg_count = np.bincount(seg, minlength=runs * (K + 1)).reshape(runs, K + 1)
     off = np.arange(runs)[:, None] * M + np.cumsum(seg_count, axis=1) - seg_count
-    inv = np.empty_like(order)
-    np.put_along_axis(inv, order, np.arange(M)[None, :].repeat(runs, 0), axis=1)
-    arr_li = (np.arange(runs)[:, None] * M + inv).ravel()
+    arr_li = np.empty(runs * M, dtype=np.int64)
+    arr_li[flat] = np.arange(runs * M)  # the layout index of each item, in arrival order
     span = 2.0 ** math.ceil(math.log2(T + 4.0))
     arr_key = (np.arange(runs)[:, None] * span + np.where(valid, t, T + 2.0)).ravel()
     return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
                   lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
                   truth, positive, s.metric, take(score.astype(np.float32)) if s.calibration_min_labels else None)
+
+
+def _layout(stratum, priority) -> np.ndarray:
+    """Per run (row), its items' order by (stratum, priority), ties in the order of arrival: the
+    stable argsort of ``stratum * 2 + priority / 2^32``, as one sort of distinct integer keys
+    (stratum, priority, column) where they fit in 64 bits."""
+    M = stratum.shape[1]
+    column_bits = max(int(M - 1).bit_length(), 1)
+    if int(stratum.max(initial=0)).bit_length() + 32 + column_bits > 64:
+        return np.argsort(stratum * 2.0 + priority / 2.0**32, axis=1, kind="stable")
+    key = stratum.astype(np.uint64) << np.uint64(32 + column_bits)
+    key |= priority.astype(np.uint64) << np.uint64(column_bits)
+    key |= np.arange(M, dtype=np.uint64)
+    key.sort(axis=1)
+    return (key & np.uint64((1 << column_bits) - 1)).astype(np.int64)
 
 
 def _side_strata(score, t, on_side, count, k: int, method: str, reservoir_size: int):
