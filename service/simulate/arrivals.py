@@ -108,14 +108,66 @@ class Chunks:
     positive: np.ndarray | None = None  # (K,) the side of each stratum; None: every stratum predicted positive
     metric: str = "precision"
     score: np.ndarray | None = None  # float32 score, kept only for the calibration (`calibration_min_labels`)
+    # per run, what its own draw numbered it by (`concat`): ``arr_key - arr_base`` is its items' arrival
+    # times, ``2 * (seg_base + k)`` its stratum k's key base (default: the run's index)
+    arr_base: np.ndarray | None = None
+    seg_base: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.arr_base is None:
+            self.arr_base = np.arange(self.runs) * self.span
+        if self.seg_base is None:
+            self.seg_base = np.arange(self.runs) * (self.K + 1)
 
     def seg(self, runs, k) -> np.ndarray:
         return np.asarray(runs) * (self.K + 1) + np.asarray(k)
+
+    def prefix(self, runs, k, tau) -> np.ndarray:
+        """Per (run, stratum k), its items at or below the threshold `tau`: those with ``key <=
+        2 seg + tau`` as its own draw's keys round that sum (`seg_base`), found in the keys of
+        every run (their priorities are multiples of 2^-32: below the rounded threshold's
+        multiple of 2^-32 exactly when below the threshold)."""
+        own = (self.seg_base[runs] + k) * 2.0
+        below = np.floor(((own + tau) - own) * 2.0**32) / 2.0**32
+        return np.searchsorted(self.key, self.seg(runs, k) * 2.0 + below, side="right") - self.off[runs, k]
 
     @property
     def target(self) -> Target | None:
         """What the design aims at (`stats.streams`): None for precision (today's design)."""
         return None if self.positive is None else Target((self.metric,), self.positive)
+
+
+def concat(chunks: list[Chunks], extra: list[np.ndarray] | None = None) -> tuple[Chunks, np.ndarray | None]:
+    """Several draws' chunks as one, their runs one after another, each padded to the longest
+    chunk (slots in the pseudo-stratum, arriving never); each run keeps the numbers its own draw
+    gave it (`Chunks.arr_base`, `Chunks.seg_base`), so the loop computes the same for it.  `extra`:
+    a per-item array of each draw (the calibration's folds), laid out alike."""
+    K, M = chunks[0].K, max(c.M for c in chunks)
+    runs = np.arange(sum(c.runs for c in chunks))
+
+    def pad(arrays, fill=None) -> np.ndarray:  # (runs, M) per draw, then flat; fill None: a row's last value
+        rows = [a.reshape(c.runs, c.M) for a, c in zip(arrays, chunks)]
+        return np.concatenate([np.pad(r, ((0, 0), (0, M - r.shape[1])), mode="edge") if fill is None else
+                               np.pad(r, ((0, 0), (0, M - r.shape[1])), constant_values=fill) for r in rows]).ravel()
+
+    def own(c: Chunks, a: np.ndarray) -> np.ndarray:  # a layout index of `c`, within its run's slots
+        return a.reshape(c.runs, -1) - (np.arange(c.runs) * c.M)[:, None]
+
+    items = lambda name, fill: pad([getattr(c, name) for c in chunks], fill)  # noqa: E731
+    runs_of = lambda name: np.concatenate([getattr(c, name) for c in chunks])  # noqa: E731
+    stratum, u = items("stratum", K), items("u", 1.0 - 2.0**-33)
+    arrival = np.concatenate([np.hstack([own(c, c.arr_li), np.broadcast_to(np.arange(c.M, M), (c.runs, M - c.M))])
+                              for c in chunks])
+    merged = Chunks(
+        runs=runs.size, M=M, K=K, key=(runs.repeat(M) * (K + 1) + stratum) * 2.0 + u, u=u, a=items("a", np.inf),
+        y=items("y", 0), prob=items("prob", 0.0), delay=items("delay", 0.0), skip=items("skip", False),
+        stratum=stratum, off=np.concatenate([own(c, c.off) for c in chunks]) + (runs * M)[:, None],
+        size=runs_of("size"), arr_key=pad([c.arr_key for c in chunks]), arr_li=(arrival + (runs * M)[:, None]).ravel(),
+        span=chunks[0].span, count=runs_of("count"), start=runs_of("start"), cuts=[x for c in chunks for x in c.cuts],
+        truth=runs_of("truth"), positive=chunks[0].positive, metric=chunks[0].metric,
+        score=None if chunks[0].score is None else items("score", 0.0), arr_base=runs_of("arr_base"),
+        seg_base=runs_of("seg_base"))
+    return merged, None if extra is None else pad(extra, 0)
 
 
 def arrival_times(scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.Generator):

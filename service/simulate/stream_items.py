@@ -8,7 +8,8 @@ the loop makes of that layout, each the vectorised twin of the service's own:
 * `arrivals_by_step`: how many of a run's items have arrived by each step of the loop;
 * `raised_thresholds`: `streams.threshold_after` for many (run, stratum) pairs at once;
 * `chunk_calibration`: `labels.calibrated.chunk_calibration` for one run's chunk;
-* `DeferredRounds`: the calibrated rounds of a flowing chunk, fitted only when they matter.
+* `DeferredRounds`: the calibrated rounds of a flowing chunk, fitted only when they matter;
+* `next_steps`: the loop's next step, per group of runs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,34 @@ from ..stats.sketch import ScoreHistogram
 from .arrivals import Chunks, StreamSettings
 
 
+def next_steps(step: int, dt: float, S: int, active, ring_live, ptr, c: Chunks, first, last, N, waiting, end: float,
+               silence: float, close_step: int, cap_step: int, group) -> np.ndarray:
+    """Per group of runs, the next step at which one of its active runs' step can change anything:
+    an answer lands (`ring_live`: per ring slot and group), an item arrives, a stream falls silent,
+    the chunk closes, the time cap; every step while one of its chunks waits for the budget
+    (`waiting`); never for a group with no active run.  A group's from its own runs alone."""
+    G = ring_live.shape[1]
+    never = np.iinfo(np.int64).max
+    cand = np.full(G, min(cap_step, close_step) if step < close_step else cap_step, dtype=np.int64)
+    landing = ring_live > 0
+    if landing.any():
+        ahead = np.where(landing, ((np.arange(S) - step - 1) % S)[:, None], S).min(axis=0)
+        cand = np.where(ahead < S, np.minimum(cand, step + 1 + ahead), cand)
+    coming = np.flatnonzero(active & (ptr < c.count))
+    if coming.size:
+        t_next = c.arr_key[coming * c.M + ptr[coming]] - c.arr_base[coming]
+        np.minimum.at(cand, group[coming], np.ceil(t_next / dt - 1e-9).astype(np.int64))
+    seen = np.flatnonzero(active & (ptr > 0))
+    if seen.size:  # when `arrivals_flowing` turns false: the silence after the last arrival, or the end
+        total = N[seen].sum(axis=1)
+        gap = np.maximum(last[seen] - first[seen], 0.0) / np.maximum(total - 1.0, 1.0)
+        flip = np.minimum(last[seen] + np.maximum(streams.SILENCE_GAPS * gap, silence), end)
+        later = flip >= step * dt
+        np.minimum.at(cand, group[seen[later]], np.floor(flip[later] / dt).astype(np.int64) + 1)
+    nxt = np.where(np.bincount(group[active & waiting], minlength=G) > 0, step + 1, np.maximum(step + 1, cand))
+    return np.where(np.bincount(group[active], minlength=G) > 0, nxt, never)
+
+
 def arrivals_by_step(c: Chunks, dt: float, T: float) -> np.ndarray:
     """(runs, ceil(T / dt) + 2): per run, the items arrived by each step of ``dt`` seconds (an
     item arriving at ``a`` is counted from the first step with ``step * dt >= a``; every item
@@ -32,7 +61,7 @@ def arrivals_by_step(c: Chunks, dt: float, T: float) -> np.ndarray:
     R, M = c.runs, c.M
     run_ids = np.arange(R)
     n_arr = int(math.ceil(T / dt)) + 2
-    a_sorted = c.arr_key.reshape(R, M) - run_ids[:, None] * c.span
+    a_sorted = c.arr_key.reshape(R, M) - c.arr_base[:, None]
     first_step = np.ceil(a_sorted / dt).astype(np.int64)  # the first step with step * dt >= a
     first_step -= (first_step - 1) * dt >= a_sorted
     first_step += first_step * dt < a_sorted
