@@ -241,7 +241,9 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
     priority = rng.integers(1, 2**32, (runs, M), dtype=np.uint32)
     u = priority / 2.0**32
     # layout: per run by (stratum, priority), flat indices into the (runs, M) arrays
-    flat = (_layout(stratum, priority) + np.arange(runs)[:, None] * M).ravel()
+    flat = _layout(stratum, priority)
+    flat += np.arange(runs)[:, None] * M
+    flat = flat.ravel()
     take = lambda x: x.ravel()[flat]  # noqa: E731
     # reviewer behaviour is independent of everything else: drawn in layout order
     lo, hi = s.review_delay or scenario.review_delay
@@ -250,14 +252,18 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
     skip = rng.random(runs * M, dtype=np.float32) < skip_rate
     lay_stratum = take(stratum)
     lay_u = take(u)
-    seg = (np.arange(runs)[:, None] * (K + 1) + lay_stratum.reshape(runs, M)).ravel()
-    key = seg * 2.0 + lay_u
-    seg_count = np.bincount(seg, minlength=runs * (K + 1)).reshape(runs, K + 1)
+    key = lay_stratum.astype(np.float64)  # 2 * (run * (K + 1) + stratum) + priority, in place
+    key.reshape(runs, M)[:] += np.arange(runs)[:, None] * (K + 1)
+    key *= 2.0
+    key += lay_u
+    seg_count = np.stack([np.count_nonzero(stratum == k, axis=1) for k in range(K + 1)], axis=1)
     off = np.arange(runs)[:, None] * M + np.cumsum(seg_count, axis=1) - seg_count
     arr_li = np.empty(runs * M, dtype=np.int64)
     arr_li[flat] = np.arange(runs * M)  # the layout index of each item, in arrival order
     span = 2.0 ** math.ceil(math.log2(T + 4.0))
-    arr_key = (np.arange(runs)[:, None] * span + np.where(valid, t, T + 2.0)).ravel()
+    arr_key = np.where(valid, t, T + 2.0)
+    arr_key += np.arange(runs)[:, None] * span
+    arr_key = arr_key.ravel()
     return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
                   lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
                   truth, positive, s.metric, take(score.astype(np.float32)) if s.calibration_min_labels else None)
@@ -271,11 +277,14 @@ def _layout(stratum, priority) -> np.ndarray:
     column_bits = max(int(M - 1).bit_length(), 1)
     if int(stratum.max(initial=0)).bit_length() + 32 + column_bits > 64:
         return np.argsort(stratum * 2.0 + priority / 2.0**32, axis=1, kind="stable")
-    key = stratum.astype(np.uint64) << np.uint64(32 + column_bits)
-    key |= priority.astype(np.uint64) << np.uint64(column_bits)
+    key = stratum.astype(np.uint64)  # in place from here: a block's items are many
+    key <<= np.uint64(32)
+    key |= priority
+    key <<= np.uint64(column_bits)
     key |= np.arange(M, dtype=np.uint64)
     key.sort(axis=1)
-    return (key & np.uint64((1 << column_bits) - 1)).astype(np.int64)
+    key &= np.uint64((1 << column_bits) - 1)
+    return key.view(np.int64)
 
 
 def _side_strata(score, t, on_side, count, k: int, method: str, reservoir_size: int):
