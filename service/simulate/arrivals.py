@@ -240,10 +240,7 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
         positive = None
     priority = rng.integers(1, 2**32, (runs, M), dtype=np.uint32)
     u = priority / 2.0**32
-    # layout: per run by (stratum, priority), flat indices into the (runs, M) arrays
-    flat = _layout(stratum, priority)
-    flat += np.arange(runs)[:, None] * M
-    flat = flat.ravel()
+    flat = _layout(stratum, priority)  # per run by (stratum, priority): flat indices into the (runs, M) arrays
     take = lambda x: x.ravel()[flat]  # noqa: E731
     # reviewer behaviour is independent of everything else: drawn in layout order
     lo, hi = s.review_delay or scenario.review_delay
@@ -252,7 +249,17 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
     skip = rng.random(runs * M, dtype=np.float32) < skip_rate
     lay_stratum = take(stratum)
     lay_u = take(u)
-    key = lay_stratum.astype(np.float64)  # 2 * (run * (K + 1) + stratum) + priority, in place
+    key, seg_count, off, arr_li, arr_key, span = _keys(stratum, lay_stratum, lay_u, flat, t, valid, K, T)
+    return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
+                  lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
+                  truth, positive, s.metric, take(score.astype(np.float32)) if s.calibration_min_labels else None)
+
+
+def _keys(stratum, lay_stratum, lay_u, flat, t, valid, K: int, T: float) -> tuple:
+    """What `Chunks` indexes its laid-out items by: their keys, the strata's sizes and first items, the
+    layout index of each arrival, the arrival keys and their span (built in place: a block's items are many)."""
+    runs, M = stratum.shape
+    key = lay_stratum.astype(np.float64)  # 2 * (run * (K + 1) + stratum) + priority
     key.reshape(runs, M)[:] += np.arange(runs)[:, None] * (K + 1)
     key *= 2.0
     key += lay_u
@@ -263,20 +270,17 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
     span = 2.0 ** math.ceil(math.log2(T + 4.0))
     arr_key = np.where(valid, t, T + 2.0)
     arr_key += np.arange(runs)[:, None] * span
-    arr_key = arr_key.ravel()
-    return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
-                  lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
-                  truth, positive, s.metric, take(score.astype(np.float32)) if s.calibration_min_labels else None)
+    return key, seg_count, off, arr_li, arr_key.ravel(), span
 
 
 def _layout(stratum, priority) -> np.ndarray:
     """Per run (row), its items' order by (stratum, priority), ties in the order of arrival: the
     stable argsort of ``stratum * 2 + priority / 2^32``, as one sort of distinct integer keys
-    (stratum, priority, column) where they fit in 64 bits."""
+    (stratum, priority, column) where they fit in 64 bits; as flat indices into the (runs, M) arrays."""
     M = stratum.shape[1]
     column_bits = max(int(M - 1).bit_length(), 1)
     if int(stratum.max(initial=0)).bit_length() + 32 + column_bits > 64:
-        return np.argsort(stratum * 2.0 + priority / 2.0**32, axis=1, kind="stable")
+        return _flat(np.argsort(stratum * 2.0 + priority / 2.0**32, axis=1, kind="stable"))
     key = stratum.astype(np.uint64)  # in place from here: a block's items are many
     key <<= np.uint64(32)
     key |= priority
@@ -284,7 +288,13 @@ def _layout(stratum, priority) -> np.ndarray:
     key |= np.arange(M, dtype=np.uint64)
     key.sort(axis=1)
     key &= np.uint64((1 << column_bits) - 1)
-    return key.view(np.int64)
+    return _flat(key.view(np.int64))
+
+
+def _flat(order: np.ndarray) -> np.ndarray:
+    """Per-row column indices as flat indices into the (rows, columns) arrays (in place)."""
+    order += np.arange(order.shape[0])[:, None] * order.shape[1]
+    return order.ravel()
 
 
 def _side_strata(score, t, on_side, count, k: int, method: str, reservoir_size: int):
