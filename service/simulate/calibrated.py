@@ -195,7 +195,7 @@ def _evaluate(chunk: Chunk, delta: float, confidence: float, draws, min_labels, 
         idx = np.concatenate(drawn[r])
         c = calibrated_metrics(chunk.N, positive, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
                                                            draws[r][1][idx]), chunk.grid, (chunk.metric,),
-                               confidence, closed, min_labels[r])[chunk.metric]
+                               confidence, closed, min_labels[r], shown=False)[chunk.metric]
         iv = c.interval
         hw[i], estimate[i], lower[i], upper[i] = iv.halfwidth, iv.estimate_at_stop, iv.lower, iv.upper
         active[i], ratio[i] = c.active, c.variance_ratio

@@ -119,6 +119,7 @@ def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, cal
     deferred = None
     if calibrating:
         lands = np.full(c.key.size, np.iinfo(np.int64).max)  # the step a label lands at
+        memo: dict = {}  # each run's last histogram (`chunk_calibration`)
         if budget is None and not trace_runs and s.stop_rounds >= 1:  # where a flowing chunk's status is idle
             deferred = DeferredRounds(int(s.stop_rounds), s.delta)
 
@@ -158,7 +159,7 @@ def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, cal
             def calibrate_gauge(t, closed_t, a):  # the runs `a` whose gauge shows the difference estimator's
                 step_t = int(math.floor(t / dt + 1e-9))  # the labels landed by t
                 for i in np.flatnonzero((n[a].sum(axis=1) >= s.calibration_min_labels) & cal_runs[a]):
-                    cal = chunk_calibration(c, int(a[i]), step_t, t, N[a[i]], lands, fold, closed_t, s)
+                    cal = chunk_calibration(c, int(a[i]), step_t, t, N[a[i]], lands, fold, closed_t, s, memo)
                     if cal.active:
                         yield i, cal.interval
 
@@ -239,13 +240,13 @@ def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, cal
                         if rows[i] in deferred:
                             r = int(rows[i])
                             streak[r], cal = deferred.resolve(r, lambda t, at, Nt: chunk_calibration(
-                                c, r, t, at, Nt, lands, fold, False, s))
+                                c, r, t, at, Nt, lands, fold, False, s, memo))
                             cal_active[r], cal_hw[r] = cal.active, cal.interval.halfwidth
                     for i in np.flatnonzero(fresh_fit & flowing):
                         deferred.add(int(rows[i]), int(streak[rows[i]]), step, now, Nr[i], float(hw[i]))
                     fresh_fit &= ~flowing
                 for i in np.flatnonzero(fresh_fit):
-                    cal = chunk_calibration(c, int(rows[i]), step, now, Nr[i], lands, fold, closed, s)
+                    cal = chunk_calibration(c, int(rows[i]), step, now, Nr[i], lands, fold, closed, s, memo)
                     cal_active[rows[i]] = cal.active
                     cal_hw[rows[i]] = cal.interval.halfwidth
                     if cal.active:

@@ -106,18 +106,26 @@ def raised_thresholds(c: Chunks, runs, k, tau, m, want, now: float) -> np.ndarra
 
 
 def chunk_calibration(c: Chunks, run: int, step: int, now: float, N, lands, fold, closed: bool,
-                      s: StreamSettings) -> Calibrated:
+                      s: StreamSettings, memo: dict | None = None) -> Calibrated:
     """`labels.calibrated.chunk_calibration` for one run's chunk at `step`: the labels landed
     by then, and the calibration's stratum means from the histogram of the scores arrived by
-    `now` on the run's cuts (as the service reads its chunk's histogram)."""
+    `now` on the run's cuts (as the service reads its chunk's histogram).  `memo` keeps each run's
+    last histogram's grid: a run's arrivals only grow, so the same number is the same items."""
     span = slice(run * c.M, (run + 1) * c.M)
     stratum = c.stratum[span]
     got = lands[span] <= step
-    hist = ScoreHistogram.from_scores(c.score[span][(c.a[span] <= now) & (stratum < c.K)].astype(float))
-    kind = resolve_kind("auto", hist.min, hist.max)
+    arrived = (c.a[span] <= now) & (stratum < c.K)
+    count = int(np.count_nonzero(arrived))
+    held = None if memo is None else memo.get(run)
+    if held is None or held[0] != count:
+        hist = ScoreHistogram.from_scores(c.score[span][arrived].astype(float))
+        kind = resolve_kind("auto", hist.min, hist.max)
+        held = (count, kind, StratumGrid.from_histogram(hist, c.cuts[run], kind))
+        if memo is not None:
+            memo[run] = held
+    _, kind, grid = held
     items = Labelled(stratum[got], feature(c.score[span][got].astype(float), kind), c.y[span][got], fold[span][got])
-    return calibrated_interval(N, items, StratumGrid.from_histogram(hist, c.cuts[run], kind), s.confidence, closed,
-                               s.calibration_min_labels)
+    return calibrated_interval(N, items, grid, s.confidence, closed, s.calibration_min_labels, shown=False)
 
 
 class DeferredRounds:
