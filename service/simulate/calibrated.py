@@ -112,19 +112,42 @@ def run(chunk: Chunk, delta: float, confidence: float, rng: np.random.Generator,
 
 
 def paired_runs(chunk: Chunk, delta: float, confidence: float, rng: np.random.Generator, count: int,
-         min_labels: int = CALIBRATION_MIN_LABELS, closed: bool = True) -> list[tuple[Stop, Stop]]:
+                min_labels: int = CALIBRATION_MIN_LABELS, closed: bool = True) -> list[tuple[Stop, Stop]]:
     """`count` runs (`run`, drawing from `rng` in the same order, run after run), their designs
     stepped together (`designs`)."""
-    draws = [_draw(chunk, rng) for _ in range(count)]
+    draws = [Draw.of(chunk, rng) for _ in range(count)]
     stops = designs(chunk, delta, confidence, [d for d in draws for _ in (0, 1)], [0, min_labels] * count, closed)
     return list(zip(stops[0::2], stops[1::2]))
 
 
-def _draw(chunk: Chunk, rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
-    """A run's common random numbers: the order of the items in each stratum, a fold per item
-    (kept as int32 and int8: the same indices and folds in a quarter of the memory)."""
-    order = [rng.permutation(m).astype(np.int32) for m in chunk.members]
-    return order, rng.integers(0, 2, chunk.stratum.size).astype(np.int8)
+#: Items of each stratum's order a run keeps (`Draw.of`): a design takes a few hundred labels.
+ORDER_PREFIX = 1024
+
+
+class Draw:
+    """A run's common random numbers: the order of the items in each stratum and a fold per item.
+
+    `of` keeps each order's first `ORDER_PREFIX` items (int32) and the folds as int8: the same
+    indices and folds in a small share of the memory (a block's runs are drawn before they are
+    stepped); a design that goes past a prefix draws the orders again from the generator's state."""
+
+    def __init__(self, order: list[np.ndarray], folds: np.ndarray, state=None) -> None:
+        self.order, self.folds, self.state = order, folds, state
+
+    @classmethod
+    def of(cls, chunk: Chunk, rng: np.random.Generator) -> "Draw":
+        state = (type(rng.bit_generator), rng.bit_generator.state)
+        order = [rng.permutation(m)[:ORDER_PREFIX].astype(np.int32) for m in chunk.members]
+        return cls(order, rng.integers(0, 2, chunk.stratum.size).astype(np.int8), state)
+
+    def items(self, chunk: Chunk, k: int, start: int, count: int) -> np.ndarray:
+        """Stratum `k`'s items `start` to ``start + count`` in its order."""
+        if start + count > self.order[k].size and self.state is not None:
+            kind, state = self.state
+            rng = np.random.Generator(kind())
+            rng.bit_generator.state = state
+            self.order, self.state = [rng.permutation(m) for m in chunk.members], None
+        return self.order[k][start:start + count]
 
 
 def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray], folds: np.ndarray,
@@ -132,12 +155,12 @@ def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray
     """The request loop on the chunk until its stopping rule holds: rounds of
     `streams.plan_requests`, sized by the reported estimator's variance ratio, items taken in
     `order`; the difference estimator from `min_labels` labels (0: today's estimator only)."""
-    return designs(chunk, delta, confidence, [(order, folds)], [min_labels], closed)[0]
+    return designs(chunk, delta, confidence, [Draw(order, folds)], [min_labels], closed)[0]
 
 
 def designs(chunk: Chunk, delta: float, confidence: float, draws: list, min_labels: list[int],
             closed: bool) -> list[Stop]:
-    """`design` for several (order, folds) `draws` and `min_labels` at once, each round's
+    """`design` for several `draws` and `min_labels` at once, each round's
     intervals and plans of every design still running in one call (the statistics treat each
     row alone: the same numbers as one design at a time); the calibrated intervals one by one."""
     D = len(draws)
@@ -165,7 +188,7 @@ def designs(chunk: Chunk, delta: float, confidence: float, draws: list, min_labe
             stops[r] = Stop(int(n[r].sum()), chunk.truth, True, False)
         for i, k in zip(*np.nonzero(want)):
             r = live[i]
-            new = draws[r][0][k][n[r, k]:n[r, k] + want[i, k]]
+            new = draws[r].items(chunk, k, n[r, k], want[i, k])
             drawn[r].append(new)
             h[r, k] += int(chunk.labels[new].sum())
             n[r, k] += new.size
@@ -194,7 +217,7 @@ def _evaluate(chunk: Chunk, delta: float, confidence: float, draws, min_labels, 
         r = live[i]
         idx = np.concatenate(drawn[r])
         c = calibrated_metrics(chunk.N, positive, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
-                                                           draws[r][1][idx]), chunk.grid, (chunk.metric,),
+                                                           draws[r].folds[idx]), chunk.grid, (chunk.metric,),
                                confidence, closed, min_labels[r], shown=False)[chunk.metric]
         iv = c.interval
         hw[i], estimate[i], lower[i], upper[i] = iv.halfwidth, iv.estimate_at_stop, iv.lower, iv.upper
