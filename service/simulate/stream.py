@@ -104,9 +104,11 @@ def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, cal
     close_step, cap_step = math.ceil(close_t / dt - 1e-9), math.ceil(cap_t / dt - 1e-9)
     D = allocation.round_size(K, s.labels_per_stratum)
     timeout = float(s.label_timeout)
-    resolve = np.minimum(c.delay.astype(np.float64), timeout)
     labelled = ~c.skip & (c.delay <= timeout)
-    step_of = np.maximum(1, np.ceil(resolve / dt - 1e-9)).astype(np.int64)  # steps until the answer lands
+    step_of = np.minimum(c.delay.astype(np.float64), timeout)  # steps until the answer lands (in place)
+    step_of /= dt
+    step_of -= 1e-9
+    step_of = np.maximum(np.ceil(step_of, out=step_of), 1.0, out=step_of).astype(np.int64)
     S = int(step_of.max()) + 1
     ring_n = np.zeros((S, R, K), dtype=np.int32)
     ring_h = np.zeros((S, R, K), dtype=np.int32)

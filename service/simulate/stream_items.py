@@ -54,20 +54,23 @@ def next_steps(step: int, dt: float, S: int, active, ring_live, ptr, c: Chunks, 
     return np.where(np.bincount(group[active], minlength=G) > 0, nxt, never)
 
 
-def arrivals_by_step(c: Chunks, dt: float, T: float) -> np.ndarray:
+def arrivals_by_step(c: Chunks, dt: float, T: float, rows: int = 256) -> np.ndarray:
     """(runs, ceil(T / dt) + 2): per run, the items arrived by each step of ``dt`` seconds (an
     item arriving at ``a`` is counted from the first step with ``step * dt >= a``; every item
-    arrives before the chunk's end ``T``)."""
+    arrives before the chunk's end ``T``).  `rows` runs at a time: a block's items are many."""
     R, M = c.runs, c.M
-    run_ids = np.arange(R)
     n_arr = int(math.ceil(T / dt)) + 2
-    a_sorted = c.arr_key.reshape(R, M) - c.arr_base[:, None]
-    first_step = np.ceil(a_sorted / dt).astype(np.int64)  # the first step with step * dt >= a
-    first_step -= (first_step - 1) * dt >= a_sorted
-    first_step += first_step * dt < a_sorted
-    has = np.arange(M)[None, :] < c.count[:, None]
-    return np.cumsum(np.bincount((run_ids[:, None] * n_arr + np.minimum(first_step, n_arr - 1))[has],
-                                 minlength=R * n_arr).reshape(R, n_arr), axis=1).astype(np.int64)
+    out = np.empty((R, n_arr), dtype=np.int64)
+    for lo in range(0, R, rows):
+        part = slice(lo, min(R, lo + rows))
+        a_sorted = c.arr_key.reshape(R, M)[part] - c.arr_base[part, None]
+        first_step = np.ceil(a_sorted / dt).astype(np.int64)  # the first step with step * dt >= a
+        first_step -= (first_step - 1) * dt >= a_sorted
+        first_step += first_step * dt < a_sorted
+        has = np.arange(M)[None, :] < c.count[part, None]
+        at = np.arange(part.stop - lo)[:, None] * n_arr + np.minimum(first_step, n_arr - 1)
+        out[part] = np.cumsum(np.bincount(at[has], minlength=(part.stop - lo) * n_arr).reshape(-1, n_arr), axis=1)
+    return out
 
 
 def raised_thresholds(c: Chunks, runs, k, tau, m, want, now: float) -> np.ndarray:

@@ -221,9 +221,13 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     each stratum's spread), adaptive-bias correction, stopping margin, design-effect ``n_eff``
     and reported estimate (`estimator.Interval`).  With ``z = y`` it is `wilson_interval` on the counts."""
     N = np.asarray(N, dtype=float)
-    k = N.shape[-1]
-    m = StratumMoments.of_outcomes(k, stratum, z)
-    _as_counts(N, m.n, np.zeros(k))
+    return moments_interval(N, StratumMoments.of_outcomes(N.shape[-1], stratum, z), confidence, fpc)
+
+
+def moments_interval(N, m: StratumMoments, confidence: float = 0.95, fpc: bool = True) -> Interval:
+    """`difference_interval` from the outcomes' moments `m` (`StratumMoments.of_outcomes`)."""
+    N = np.asarray(N, dtype=float)
+    _as_counts(N, m.n, np.zeros(N.shape[-1]))
     W = weights(N)
     var = np.sum(np.where(W > 0, W**2 * m.variances(N, fpc), 0.0))
     missing = ((m.n == 0) & (W > 0)).any()
@@ -329,19 +333,26 @@ def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics,
     N = np.asarray(N, dtype=float)
     positive = np.asarray(positive, dtype=bool)
     k = N.shape[-1]
-    plain = {m: metric_interval(m, N, positive, items.stratum, items.y, items.y, confidence, fpc) for m in metrics}
+    labels_moments = StratumMoments.of_outcomes(k, items.stratum, items.y)
+
+    def interval(m: str, z, moments: StratumMoments) -> Interval:  # `metric_interval`, from `moments` where it can
+        if m == "precision" and positive.all() and population(m, N, positive) > 0:
+            return moments_interval(N, moments, confidence, fpc)  # precision over every stratum: z's own moments
+        return metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
+
+    plain = {m: interval(m, items.y, labels_moments) for m in metrics}
     everything = fit_platt(items.x, items.y) if shown else None
     labels = int(items.y.size)
     if labels < min_labels or not (items.fold == 0).any() or not (items.fold == 1).any():
         return {m: Calibrated(plain[m], plain[m], None, everything, labels, False) for m in metrics}
     z = pseudo_outcomes(items, grid, cross_fitted(items))
-    residual = StratumMoments.of_outcomes(k, items.stratum, z).guarded_spread
-    spread = StratumMoments.of_outcomes(k, items.stratum, items.y).guarded_spread
+    pseudo_moments = StratumMoments.of_outcomes(k, items.stratum, z)
+    residual, spread = pseudo_moments.guarded_spread, labels_moments.guarded_spread
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(spread > 0, np.sqrt(residual / np.where(spread > 0, spread, 1.0)), 1.0)
     out = {}
     for m in metrics:
-        diff = metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
+        diff = interval(m, z, pseudo_moments)
         # a plain variance of 0 (recall with no predicted positive: TP is 0 for sure) leaves nothing to reduce
         active = bool(np.isfinite(diff.stderr) and plain[m].stderr > 0
                       and diff.stderr**2 <= margin * plain[m].stderr**2 and diff.halfwidth <= plain[m].halfwidth)
