@@ -21,6 +21,7 @@ scores, one design at a time, and is most of a cell's time."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,14 +126,15 @@ ORDER_PREFIX = 1024
 
 
 class Draw:
-    """A run's common random numbers: the order of the items in each stratum and a fold per item.
+    """A run's common random numbers: per stratum, its items in the order the designs take them,
+    and each of those items' fold.
 
-    `of` keeps each order's first `ORDER_PREFIX` items (int32) and the folds as int8: the same
-    indices and folds in a small share of the memory (a block's runs are drawn before they are
-    stepped); a design that goes past a prefix draws the orders again from the generator's state."""
+    `of` keeps each order's first `ORDER_PREFIX` items and their folds (int32, int8): the same items
+    and folds in a small share of the memory (the runs are drawn before they are stepped); a design
+    that goes past a prefix draws the orders and folds again from the generator's state."""
 
     def __init__(self, order: list[np.ndarray], folds: np.ndarray, state=None) -> None:
-        self.order, self.folds, self.state = order, folds, state
+        self.order, self.folds, self.state = order, [folds[o] for o in order], state
 
     @classmethod
     def of(cls, chunk: Chunk, rng: np.random.Generator) -> "Draw":
@@ -140,14 +142,15 @@ class Draw:
         order = [rng.permutation(m)[:ORDER_PREFIX].astype(np.int32) for m in chunk.members]
         return cls(order, rng.integers(0, 2, chunk.stratum.size).astype(np.int8), state)
 
-    def items(self, chunk: Chunk, k: int, start: int, count: int) -> np.ndarray:
-        """Stratum `k`'s items `start` to ``start + count`` in its order."""
+    def items(self, chunk: Chunk, k: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stratum `k`'s items `start` to ``start + count`` in its order, and their folds."""
         if start + count > self.order[k].size and self.state is not None:
             kind, state = self.state
             rng = np.random.Generator(kind())
             rng.bit_generator.state = state
-            self.order, self.state = [rng.permutation(m) for m in chunk.members], None
-        return self.order[k][start:start + count]
+            order = [rng.permutation(m) for m in chunk.members]
+            self.__init__(order, rng.integers(0, 2, chunk.stratum.size))
+        return self.order[k][start:start + count], self.folds[k][start:start + count]
 
 
 def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray], folds: np.ndarray,
@@ -167,7 +170,7 @@ def designs(chunk: Chunk, delta: float, confidence: float, draws: list, min_labe
     K = chunk.N.size
     n = np.zeros((D, K), dtype=np.int64)
     h = np.zeros((D, K), dtype=np.int64)
-    drawn: list[list[np.ndarray]] = [[] for _ in range(D)]
+    drawn: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(D)]  # (items, their folds) per round
     streak = np.zeros(D, dtype=np.int64)
     stops: list[Stop | None] = [None] * D
     live = np.arange(D)
@@ -188,8 +191,8 @@ def designs(chunk: Chunk, delta: float, confidence: float, draws: list, min_labe
             stops[r] = Stop(int(n[r].sum()), chunk.truth, True, False)
         for i, k in zip(*np.nonzero(want)):
             r = live[i]
-            new = draws[r].items(chunk, k, n[r, k], want[i, k])
-            drawn[r].append(new)
+            new, folds = draws[r].items(chunk, k, n[r, k], want[i, k])
+            drawn[r].append((new, folds))
             h[r, k] += int(chunk.labels[new].sum())
             n[r, k] += new.size
         live = live[~done]
@@ -215,9 +218,10 @@ def _evaluate(chunk: Chunk, delta: float, confidence: float, draws, min_labels, 
     positive = np.ones(chunk.N.size, dtype=bool) if chunk.positive is None else chunk.positive
     for i in np.flatnonzero(calibrating):
         r = live[i]
-        idx = np.concatenate(drawn[r])
+        idx = np.concatenate([items for items, _ in drawn[r]])
+        folds = np.concatenate([f for _, f in drawn[r]])
         c = calibrated_metrics(chunk.N, positive, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
-                                                           draws[r].folds[idx]), chunk.grid, (chunk.metric,),
+                                                           folds), chunk.grid, (chunk.metric,),
                                confidence, closed, min_labels[r], shown=False)[chunk.metric]
         iv = c.interval
         hw[i], estimate[i], lower[i], upper[i] = iv.halfwidth, iv.estimate_at_stop, iv.lower, iv.upper
@@ -271,7 +275,7 @@ class Cell:
                    mean(plain, "converged"), mean(calibrated, "converged"))
 
 
-#: Runs per task: each block has its own seed ([seed, block]), so results do not depend on `workers`.
+#: Runs per block: each block has its own seed ([seed, block]), so results do not depend on `workers`.
 BLOCK_RUNS = 50
 
 
@@ -284,12 +288,20 @@ def cell(pop: Population | WholeStream, delta: float, runs: int, confidence: flo
         chunk = Chunk.of(pop.positives_only()) if metric == "precision" else Chunk.of_whole(pop, metric)
     else:
         chunk = Chunk.of(pop)
-    blocks = [(chunk, delta, confidence, [seed, b], min(BLOCK_RUNS, runs - b * BLOCK_RUNS), closed)
-              for b in range(-(-runs // BLOCK_RUNS))]
-    pairs = [pair for block in map_in_processes(_block, blocks, workers=workers) for pair in block]
+    blocks = -(-runs // BLOCK_RUNS)
+    parts = np.array_split(np.arange(blocks), min(blocks, workers or os.cpu_count() or 1))
+    tasks = [(chunk, delta, confidence, [([seed, int(b)], min(BLOCK_RUNS, runs - int(b) * BLOCK_RUNS)) for b in part],
+              closed) for part in parts]
+    pairs = [pair for part in map_in_processes(_blocks, tasks, workers=workers) for pair in part]
     return dataclasses.replace(Cell.of(pop.name, delta, pairs, chunk.truth), metric=chunk.metric)
 
 
-def _block(task) -> list[tuple[Stop, Stop]]:
-    chunk, delta, confidence, seed, count, closed = task
-    return paired_runs(chunk, delta, confidence, np.random.default_rng(seed), count, closed=closed)
+def _blocks(task) -> list[tuple[Stop, Stop]]:
+    """A process's share of a cell's blocks, each drawn from its own seed, their designs stepped
+    together (`designs`: each design's numbers are its own, whatever it is stepped with)."""
+    chunk, delta, confidence, blocks, closed = task
+    draws = [Draw.of(chunk, rng) for seed, count in blocks for rng in [np.random.default_rng(seed)]
+             for _ in range(count)]
+    stops = designs(chunk, delta, confidence, [d for d in draws for _ in (0, 1)],
+                    [0, CALIBRATION_MIN_LABELS] * len(draws), closed)
+    return list(zip(stops[0::2], stops[1::2]))
