@@ -108,14 +108,66 @@ class Chunks:
     positive: np.ndarray | None = None  # (K,) the side of each stratum; None: every stratum predicted positive
     metric: str = "precision"
     score: np.ndarray | None = None  # float32 score, kept only for the calibration (`calibration_min_labels`)
+    # per run, what its own draw numbered it by (`concat`): ``arr_key - arr_base`` is its items' arrival
+    # times, ``2 * (seg_base + k)`` its stratum k's key base (default: the run's index)
+    arr_base: np.ndarray | None = None
+    seg_base: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.arr_base is None:
+            self.arr_base = np.arange(self.runs) * self.span
+        if self.seg_base is None:
+            self.seg_base = np.arange(self.runs) * (self.K + 1)
 
     def seg(self, runs, k) -> np.ndarray:
         return np.asarray(runs) * (self.K + 1) + np.asarray(k)
+
+    def prefix(self, runs, k, tau) -> np.ndarray:
+        """Per (run, stratum k), its items at or below the threshold `tau`: those with ``key <=
+        2 seg + tau`` as its own draw's keys round that sum (`seg_base`), found in the keys of
+        every run (their priorities are multiples of 2^-32: below the rounded threshold's
+        multiple of 2^-32 exactly when below the threshold)."""
+        own = (self.seg_base[runs] + k) * 2.0
+        below = np.floor(((own + tau) - own) * 2.0**32) / 2.0**32
+        return np.searchsorted(self.key, self.seg(runs, k) * 2.0 + below, side="right") - self.off[runs, k]
 
     @property
     def target(self) -> Target | None:
         """What the design aims at (`stats.streams`): None for precision (today's design)."""
         return None if self.positive is None else Target((self.metric,), self.positive)
+
+
+def concat(chunks: list[Chunks], extra: list[np.ndarray] | None = None) -> tuple[Chunks, np.ndarray | None]:
+    """Several draws' chunks as one, their runs one after another, each padded to the longest
+    chunk (slots in the pseudo-stratum, arriving never); each run keeps the numbers its own draw
+    gave it (`Chunks.arr_base`, `Chunks.seg_base`), so the loop computes the same for it.  `extra`:
+    a per-item array of each draw (the calibration's folds), laid out alike."""
+    K, M = chunks[0].K, max(c.M for c in chunks)
+    runs = np.arange(sum(c.runs for c in chunks))
+
+    def pad(arrays, fill=None) -> np.ndarray:  # (runs, M) per draw, then flat; fill None: a row's last value
+        rows = [a.reshape(c.runs, c.M) for a, c in zip(arrays, chunks)]
+        return np.concatenate([np.pad(r, ((0, 0), (0, M - r.shape[1])), mode="edge") if fill is None else
+                               np.pad(r, ((0, 0), (0, M - r.shape[1])), constant_values=fill) for r in rows]).ravel()
+
+    def own(c: Chunks, a: np.ndarray) -> np.ndarray:  # a layout index of `c`, within its run's slots
+        return a.reshape(c.runs, -1) - (np.arange(c.runs) * c.M)[:, None]
+
+    items = lambda name, fill: pad([getattr(c, name) for c in chunks], fill)  # noqa: E731
+    runs_of = lambda name: np.concatenate([getattr(c, name) for c in chunks])  # noqa: E731
+    stratum, u = items("stratum", K), items("u", 1.0 - 2.0**-33)
+    arrival = np.concatenate([np.hstack([own(c, c.arr_li), np.broadcast_to(np.arange(c.M, M), (c.runs, M - c.M))])
+                              for c in chunks])
+    merged = Chunks(
+        runs=runs.size, M=M, K=K, key=(runs.repeat(M) * (K + 1) + stratum) * 2.0 + u, u=u, a=items("a", np.inf),
+        y=items("y", 0), prob=items("prob", 0.0), delay=items("delay", 0.0), skip=items("skip", False),
+        stratum=stratum, off=np.concatenate([own(c, c.off) for c in chunks]) + (runs * M)[:, None],
+        size=runs_of("size"), arr_key=pad([c.arr_key for c in chunks]), arr_li=(arrival + (runs * M)[:, None]).ravel(),
+        span=chunks[0].span, count=runs_of("count"), start=runs_of("start"), cuts=[x for c in chunks for x in c.cuts],
+        truth=runs_of("truth"), positive=chunks[0].positive, metric=chunks[0].metric,
+        score=None if chunks[0].score is None else items("score", 0.0), arr_base=runs_of("arr_base"),
+        seg_base=runs_of("seg_base"))
+    return merged, None if extra is None else pad(extra, 0)
 
 
 def arrival_times(scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.Generator):
@@ -186,10 +238,10 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
         stratum, cuts, start = _side_strata(score, t, valid, count, K, s.stratification, s.reservoir_size)
         stratum[~valid] = K
         positive = None
-    u = rng.integers(1, 2**32, (runs, M), dtype=np.uint32) / 2.0**32
-    # layout: per run by (stratum, priority)
-    order = np.argsort(stratum * 2.0 + u, axis=1, kind="stable")
-    take = lambda x: np.take_along_axis(x, order, axis=1).ravel()  # noqa: E731
+    priority = rng.integers(1, 2**32, (runs, M), dtype=np.uint32)
+    u = priority / 2.0**32
+    flat = _layout(stratum, priority)  # per run by (stratum, priority): flat indices into the (runs, M) arrays
+    take = lambda x: x.ravel()[flat]  # noqa: E731
     # reviewer behaviour is independent of everything else: drawn in layout order
     lo, hi = s.review_delay or scenario.review_delay
     delay = (lo + (hi - lo) * rng.random(runs * M, dtype=np.float32))
@@ -197,18 +249,52 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
     skip = rng.random(runs * M, dtype=np.float32) < skip_rate
     lay_stratum = take(stratum)
     lay_u = take(u)
-    seg = np.repeat(np.arange(runs), M) * (K + 1) + lay_stratum
-    key = seg * 2.0 + lay_u
-    seg_count = np.bincount(seg, minlength=runs * (K + 1)).reshape(runs, K + 1)
-    off = np.arange(runs)[:, None] * M + np.cumsum(seg_count, axis=1) - seg_count
-    inv = np.empty_like(order)
-    np.put_along_axis(inv, order, np.arange(M)[None, :].repeat(runs, 0), axis=1)
-    arr_li = (np.arange(runs)[:, None] * M + inv).ravel()
-    span = 2.0 ** math.ceil(math.log2(T + 4.0))
-    arr_key = (np.arange(runs)[:, None] * span + np.where(valid, t, T + 2.0)).ravel()
+    key, seg_count, off, arr_li, arr_key, span = _keys(stratum, lay_stratum, lay_u, flat, t, valid, K, T)
     return Chunks(runs, M, K, key, lay_u, take(t), take(y), take(prob.astype(np.float32)), delay, skip,
                   lay_stratum, off, seg_count[:, :K].astype(np.int64), arr_key, arr_li, span, count, start, cuts,
                   truth, positive, s.metric, take(score.astype(np.float32)) if s.calibration_min_labels else None)
+
+
+def _keys(stratum, lay_stratum, lay_u, flat, t, valid, K: int, T: float) -> tuple:
+    """What `Chunks` indexes its laid-out items by: their keys, the strata's sizes and first items, the
+    layout index of each arrival, the arrival keys and their span (built in place: a block's items are many)."""
+    runs, M = stratum.shape
+    key = lay_stratum.astype(np.float64)  # 2 * (run * (K + 1) + stratum) + priority
+    key.reshape(runs, M)[:] += np.arange(runs)[:, None] * (K + 1)
+    key *= 2.0
+    key += lay_u
+    seg_count = np.stack([np.count_nonzero(stratum == k, axis=1) for k in range(K + 1)], axis=1)
+    off = np.arange(runs)[:, None] * M + np.cumsum(seg_count, axis=1) - seg_count
+    arr_li = np.empty(runs * M, dtype=np.int64)
+    arr_li[flat] = np.arange(runs * M)  # the layout index of each item, in arrival order
+    span = 2.0 ** math.ceil(math.log2(T + 4.0))
+    arr_key = np.where(valid, t, T + 2.0)
+    arr_key += np.arange(runs)[:, None] * span
+    return key, seg_count, off, arr_li, arr_key.ravel(), span
+
+
+def _layout(stratum, priority) -> np.ndarray:
+    """Per run (row), its items' order by (stratum, priority), ties in the order of arrival: the
+    stable argsort of ``stratum * 2 + priority / 2^32``, as one sort of distinct integer keys
+    (stratum, priority, column) where they fit in 64 bits; as flat indices into the (runs, M) arrays."""
+    M = stratum.shape[1]
+    column_bits = max(int(M - 1).bit_length(), 1)
+    if int(stratum.max(initial=0)).bit_length() + 32 + column_bits > 64:
+        return _flat(np.argsort(stratum * 2.0 + priority / 2.0**32, axis=1, kind="stable"))
+    key = stratum.astype(np.uint64)  # in place from here: a block's items are many
+    key <<= np.uint64(32)
+    key |= priority
+    key <<= np.uint64(column_bits)
+    key |= np.arange(M, dtype=np.uint64)
+    key.sort(axis=1)
+    key &= np.uint64((1 << column_bits) - 1)
+    return _flat(key.view(np.int64))
+
+
+def _flat(order: np.ndarray) -> np.ndarray:
+    """Per-row column indices as flat indices into the (rows, columns) arrays (in place)."""
+    order += np.arange(order.shape[0])[:, None] * order.shape[1]
+    return order.ravel()
 
 
 def _side_strata(score, t, on_side, count, k: int, method: str, reservoir_size: int):

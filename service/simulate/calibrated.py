@@ -13,12 +13,15 @@ designs run on common random numbers (the same order of the items in each stratu
 fold per item), so the comparison is paired: the labels each needed and whether its interval
 at its stop covered the truth.
 
-Per-item draws in a Python loop (the calibration is fitted on the labelled items' scores), so
-a cell of 2000 runs takes minutes, not the vectorised engine's seconds."""
+The runs of a block step together (`designs`): each round's plain intervals and plans of every
+design still running are one call of the statistics, which treat each row alone (the same
+numbers as one design at a time); the calibration is fitted on each design's labelled items'
+scores, one design at a time, and is most of a cell's time."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,10 +109,48 @@ def run(chunk: Chunk, delta: float, confidence: float, rng: np.random.Generator,
         min_labels: int = CALIBRATION_MIN_LABELS, closed: bool = True) -> tuple[Stop, Stop]:
     """(today's stop, the calibrated stop) of one run: the two designs on common random numbers
     (the same order of the items in each stratum, the same fold for each item)."""
-    order = [rng.permutation(m) for m in chunk.members]
-    folds = rng.integers(0, 2, chunk.stratum.size)
-    return (design(chunk, delta, confidence, order, folds, 0, closed),
-            design(chunk, delta, confidence, order, folds, min_labels, closed))
+    return paired_runs(chunk, delta, confidence, rng, 1, min_labels, closed)[0]
+
+
+def paired_runs(chunk: Chunk, delta: float, confidence: float, rng: np.random.Generator, count: int,
+                min_labels: int = CALIBRATION_MIN_LABELS, closed: bool = True) -> list[tuple[Stop, Stop]]:
+    """`count` runs (`run`, drawing from `rng` in the same order, run after run), their designs
+    stepped together (`designs`)."""
+    draws = [Draw.of(chunk, rng) for _ in range(count)]
+    stops = designs(chunk, delta, confidence, [d for d in draws for _ in (0, 1)], [0, min_labels] * count, closed)
+    return list(zip(stops[0::2], stops[1::2]))
+
+
+#: Items of each stratum's order a run keeps (`Draw.of`): a design takes a few hundred labels.
+ORDER_PREFIX = 1024
+
+
+class Draw:
+    """A run's common random numbers: per stratum, its items in the order the designs take them,
+    and each of those items' fold.
+
+    `of` keeps each order's first `ORDER_PREFIX` items and their folds (int32, int8): the same items
+    and folds in a small share of the memory (the runs are drawn before they are stepped); a design
+    that goes past a prefix draws the orders and folds again from the generator's state."""
+
+    def __init__(self, order: list[np.ndarray], folds: np.ndarray, state=None) -> None:
+        self.order, self.folds, self.state = order, [folds[o] for o in order], state
+
+    @classmethod
+    def of(cls, chunk: Chunk, rng: np.random.Generator) -> "Draw":
+        state = (type(rng.bit_generator), rng.bit_generator.state)
+        order = [rng.permutation(m)[:ORDER_PREFIX].astype(np.int32) for m in chunk.members]
+        return cls(order, rng.integers(0, 2, chunk.stratum.size).astype(np.int8), state)
+
+    def items(self, chunk: Chunk, k: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stratum `k`'s items `start` to ``start + count`` in its order, and their folds."""
+        if start + count > self.order[k].size and self.state is not None:
+            kind, state = self.state
+            rng = np.random.Generator(kind())
+            rng.bit_generator.state = state
+            order = [rng.permutation(m) for m in chunk.members]
+            self.__init__(order, rng.integers(0, 2, chunk.stratum.size))
+        return self.order[k][start:start + count], self.folds[k][start:start + count]
 
 
 def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray], folds: np.ndarray,
@@ -117,41 +158,84 @@ def design(chunk: Chunk, delta: float, confidence: float, order: list[np.ndarray
     """The request loop on the chunk until its stopping rule holds: rounds of
     `streams.plan_requests`, sized by the reported estimator's variance ratio, items taken in
     `order`; the difference estimator from `min_labels` labels (0: today's estimator only)."""
+    return designs(chunk, delta, confidence, [Draw(order, folds)], [min_labels], closed)[0]
+
+
+def designs(chunk: Chunk, delta: float, confidence: float, draws: list, min_labels: list[int],
+            closed: bool) -> list[Stop]:
+    """`design` for several `draws` and `min_labels` at once, each round's
+    intervals and plans of every design still running in one call (the statistics treat each
+    row alone: the same numbers as one design at a time); the calibrated intervals one by one."""
+    D = len(draws)
     K = chunk.N.size
-    n = np.zeros(K, dtype=np.int64)
-    h = np.zeros(K, dtype=np.int64)
-    drawn: list[np.ndarray] = []
-    streak = 0
+    n = np.zeros((D, K), dtype=np.int64)
+    h = np.zeros((D, K), dtype=np.int64)
+    drawn: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(D)]  # (items, their folds) per round
+    streak = np.zeros(D, dtype=np.int64)
+    stops: list[Stop | None] = [None] * D
+    live = np.arange(D)
     round_labels = allocation.round_size(K, LABELS_PER_STRATUM)
-    target = chunk.target
-    positive = np.ones(K, dtype=bool) if chunk.positive is None else chunk.positive
-    while True:
-        ratio, scale = 1.0, None
-        if n.sum():
-            if min_labels and n.sum() >= min_labels:
-                idx = np.concatenate(drawn)
-                c = calibrated_metrics(chunk.N, positive, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
-                                                                   folds[idx]), chunk.grid, (chunk.metric,),
-                                       confidence, closed, min_labels)[chunk.metric]
-                reported, active, ratio, scale = c.interval, c.active, c.variance_ratio, c.allocation_scale
-            else:
-                reported, active = streams.chunk_interval(chunk.N, n, h, confidence, closed, target), False
-            streak = int(stopping.next_streak(streak, float(reported.halfwidth), delta))
-            if streak >= STOP_ROUNDS:
-                return Stop(int(n.sum()), float(reported.estimate_at_stop),
-                            bool(reported.lower <= chunk.truth <= reported.upper),
-                            active)
-        _, want = streams.plan_requests(chunk.N, n, h, chunk.prior, np.zeros(K), chunk.N, False, True, False,
-                                        delta, confidence, round_labels, closed=closed, target=target,
+    while live.size:
+        ratio, scale, stopped = _evaluate(chunk, delta, confidence, draws, min_labels, closed, n, h, drawn, streak,
+                                          stops, live)
+        live, ratio = live[~stopped], ratio[~stopped]
+        if not live.size:
+            break
+        scale = None if scale is None else scale[~stopped]
+        _, want = streams.plan_requests(chunk.N, n[live], h[live], chunk.prior, np.zeros(K), chunk.N, False, True,
+                                        False, delta, confidence, round_labels, closed=closed, target=chunk.target,
                                         variance_ratio=ratio, spread_scale=scale)
-        want = np.minimum(np.asarray(want, dtype=np.int64), chunk.N.astype(np.int64) - n)
-        if want.sum() == 0:  # every item labelled: the figure is exact
-            return Stop(int(n.sum()), chunk.truth, True, False)
-        for k in np.flatnonzero(want):
-            new = order[k][n[k]:n[k] + want[k]]
-            drawn.append(new)
-            h[k] += int(chunk.labels[new].sum())
-            n[k] += new.size
+        want = np.minimum(np.asarray(want, dtype=np.int64), chunk.N.astype(np.int64) - n[live])
+        done = want.sum(axis=1) == 0  # every item labelled: the figure is exact
+        for r in live[done]:
+            stops[r] = Stop(int(n[r].sum()), chunk.truth, True, False)
+        for i, k in zip(*np.nonzero(want)):
+            r = live[i]
+            new, folds = draws[r].items(chunk, k, n[r, k], want[i, k])
+            drawn[r].append((new, folds))
+            h[r, k] += int(chunk.labels[new].sum())
+            n[r, k] += new.size
+        live = live[~done]
+    return stops
+
+
+def _evaluate(chunk: Chunk, delta: float, confidence: float, draws, min_labels, closed: bool, n, h, drawn, streak,
+              stops, live) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """One round's evaluation of the `live` designs: each one's reported interval (today's, or
+    the calibrated one from its `min_labels`), its streak and, where the stopping rule holds,
+    its `Stop`.  Returns the variance ratio and spread scale each design's plan uses, and which
+    stopped."""
+    total = n[live].sum(axis=1)
+    ratio = np.ones(live.size)
+    scale = None
+    hw, estimate, lower, upper = (np.full(live.size, np.nan) for _ in range(4))
+    active = np.zeros(live.size, dtype=bool)
+    calibrating = np.array([min_labels[r] > 0 and t >= min_labels[r] for r, t in zip(live, total)], dtype=bool)
+    plain = (total > 0) & ~calibrating
+    if plain.any():
+        iv = streams.chunk_interval(chunk.N, n[live[plain]], h[live[plain]], confidence, closed, chunk.target)
+        hw[plain], estimate[plain], lower[plain], upper[plain] = iv.halfwidth, iv.estimate_at_stop, iv.lower, iv.upper
+    positive = np.ones(chunk.N.size, dtype=bool) if chunk.positive is None else chunk.positive
+    for i in np.flatnonzero(calibrating):
+        r = live[i]
+        idx = np.concatenate([items for items, _ in drawn[r]])
+        folds = np.concatenate([f for _, f in drawn[r]])
+        c = calibrated_metrics(chunk.N, positive, Labelled(chunk.stratum[idx], chunk.x[idx], chunk.labels[idx],
+                                                           folds), chunk.grid, (chunk.metric,),
+                               confidence, closed, min_labels[r], shown=False)[chunk.metric]
+        iv = c.interval
+        hw[i], estimate[i], lower[i], upper[i] = iv.halfwidth, iv.estimate_at_stop, iv.lower, iv.upper
+        active[i], ratio[i] = c.active, c.variance_ratio
+        if c.allocation_scale is not None:
+            scale = np.ones((live.size, chunk.N.size)) if scale is None else scale
+            scale[i] = c.allocation_scale
+    evaluated = total > 0
+    streak[live[evaluated]] = stopping.next_streak(streak[live[evaluated]], hw[evaluated], delta)
+    stopped = evaluated & (streak[live] >= STOP_ROUNDS)
+    for i in np.flatnonzero(stopped):
+        stops[live[i]] = Stop(int(total[i]), float(estimate[i]), bool(lower[i] <= chunk.truth <= upper[i]),
+                              bool(active[i]))
+    return ratio, scale, stopped
 
 
 @dataclass(frozen=True)
@@ -191,7 +275,7 @@ class Cell:
                    mean(plain, "converged"), mean(calibrated, "converged"))
 
 
-#: Runs per task: each block has its own seed ([seed, block]), so results do not depend on `workers`.
+#: Runs per block: each block has its own seed ([seed, block]), so results do not depend on `workers`.
 BLOCK_RUNS = 50
 
 
@@ -204,13 +288,20 @@ def cell(pop: Population | WholeStream, delta: float, runs: int, confidence: flo
         chunk = Chunk.of(pop.positives_only()) if metric == "precision" else Chunk.of_whole(pop, metric)
     else:
         chunk = Chunk.of(pop)
-    blocks = [(chunk, delta, confidence, [seed, b], min(BLOCK_RUNS, runs - b * BLOCK_RUNS), closed)
-              for b in range(-(-runs // BLOCK_RUNS))]
-    pairs = [pair for block in map_in_processes(_block, blocks, workers=workers) for pair in block]
+    blocks = -(-runs // BLOCK_RUNS)
+    parts = np.array_split(np.arange(blocks), min(blocks, workers or os.cpu_count() or 1))
+    tasks = [(chunk, delta, confidence, [([seed, int(b)], min(BLOCK_RUNS, runs - int(b) * BLOCK_RUNS)) for b in part],
+              closed) for part in parts]
+    pairs = [pair for part in map_in_processes(_blocks, tasks, workers=workers) for pair in part]
     return dataclasses.replace(Cell.of(pop.name, delta, pairs, chunk.truth), metric=chunk.metric)
 
 
-def _block(task) -> list[tuple[Stop, Stop]]:
-    chunk, delta, confidence, seed, runs, closed = task
-    rng = np.random.default_rng(seed)
-    return [run(chunk, delta, confidence, rng, closed=closed) for _ in range(runs)]
+def _blocks(task) -> list[tuple[Stop, Stop]]:
+    """A process's share of a cell's blocks, each drawn from its own seed, their designs stepped
+    together (`designs`: each design's numbers are its own, whatever it is stepped with)."""
+    chunk, delta, confidence, blocks, closed = task
+    draws = [Draw.of(chunk, rng) for seed, count in blocks for rng in [np.random.default_rng(seed)]
+             for _ in range(count)]
+    stops = designs(chunk, delta, confidence, [d for d in draws for _ in (0, 1)],
+                    [0, CALIBRATION_MIN_LABELS] * len(draws), closed)
+    return list(zip(stops[0::2], stops[1::2]))

@@ -46,9 +46,9 @@ import numpy as np
 
 from ..chunks import lifecycle
 from ..stats import allocation, stopping, streams
-from .arrivals import SCENARIOS, Scenario, StreamSettings, draw, ranges
+from .arrivals import SCENARIOS, Chunks, Scenario, StreamSettings, draw, ranges
 from .populations import Population
-from .stream_items import arrivals_by_step, chunk_calibration, raised_thresholds
+from .stream_items import DeferredRounds, arrivals_by_step, chunk_calibration, next_steps, raised_thresholds
 from .stream_result import StreamResult
 from .trace import GaugeRecorder
 
@@ -57,7 +57,20 @@ __all__ = ["SCENARIOS", "Scenario", "StreamSettings", "StreamResult", "draw", "r
 
 def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int, seed,
                trace_runs: int = 0, keep_items: bool = False, gauge_seconds: float | None = None) -> StreamResult:
-    """R runs of the service's request loop on chunks drawn by `draw`.
+    """R runs of the service's request loop on chunks drawn by `draw` (`run_chunks`), with the
+    calibration (``s.calibration_min_labels``) a fold per item drawn after them, so a run's chunk is
+    the same with the calibration off."""
+    rng = np.random.default_rng(seed)
+    c = draw(pop, scenario, s, runs, rng)
+    fold = rng.integers(0, 2, c.key.size, dtype=np.int8) if s.calibration_min_labels and c.target is None else None
+    return run_chunks(c, s, fold, trace_runs=trace_runs, keep_items=keep_items, gauge_seconds=gauge_seconds)
+
+
+def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, calibrated: np.ndarray | None = None,
+               groups: np.ndarray | None = None, trace_runs: int = 0, keep_items: bool = False,
+               gauge_seconds: float | None = None) -> StreamResult:
+    """The service's request loop on the drawn chunks `c` (`run_stream`), with the calibration where
+    `fold` (its fold per item) is given, on the runs `calibrated` (default all).
 
     As in the service (`requests.loop`): a step is skipped where nothing the
     design looks at changed since the chunk's last step (items, labels,
@@ -70,15 +83,20 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     (`Interval.estimate`) where it stopped otherwise (exhausted, capped).
     With `gauge_seconds`, the gauge's readings every that many seconds of every
     run (`trace.GaugeRecorder`; ``out.gauge``).
+    `groups` (a group per run): the chunks of several draws (`arrivals.concat`), each group stepped
+    as if alone (a group's steps are its own runs' events; the runs of a group due at a step are
+    the only ones that step), so each run's numbers are those of its draw run alone.
     Long because a step reads and writes some forty arrays over (runs,
     strata) and items: split, each part would take most of them as
     parameters, and the step would no longer read top to bottom in the order
     of `requests/loop.py` (what the step reads off the items is in
     `stream_items`, what a run leaves at its stop in `stream_result`).
     """
-    rng = np.random.default_rng(seed)
-    c = draw(pop, scenario, s, runs, rng)
-    R, K, M = runs, c.K, c.M
+    R, K, M = c.runs, c.K, c.M
+    group = np.zeros(R, dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
+    G = int(group.max(initial=0)) + 1
+    if G > 1 and (trace_runs or gauge_seconds is not None):
+        raise ValueError("groups of draws are stepped without the per-step trace and the gauge")
     dt = float(s.step_seconds)
     T = float(s.chunk_seconds)
     end, close_t = T, T + float(s.lateness)
@@ -86,19 +104,26 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     close_step, cap_step = math.ceil(close_t / dt - 1e-9), math.ceil(cap_t / dt - 1e-9)
     D = allocation.round_size(K, s.labels_per_stratum)
     timeout = float(s.label_timeout)
-    resolve = np.minimum(c.delay.astype(np.float64), timeout)
     labelled = ~c.skip & (c.delay <= timeout)
-    step_of = np.maximum(1, np.ceil(resolve / dt - 1e-9)).astype(np.int64)  # steps until the answer lands
+    step_of = np.minimum(c.delay.astype(np.float64), timeout)  # steps until the answer lands (in place)
+    step_of /= dt
+    step_of -= 1e-9
+    step_of = np.maximum(np.ceil(step_of, out=step_of), 1.0, out=step_of).astype(np.int64)
     S = int(step_of.max()) + 1
     ring_n = np.zeros((S, R, K), dtype=np.int32)
     ring_h = np.zeros((S, R, K), dtype=np.int32)
     ring_c = np.zeros((S, R), dtype=np.int32)
+    ring_live = np.zeros((S, G), dtype=np.int64)  # per slot and group, the requests of its active runs landing
     budget = s.max_labels_per_hour
     silence = streams.min_silence(T)
-    calibrating = bool(s.calibration_min_labels) and c.target is None
-    if calibrating:  # drawn after the chunks, so a run's chunk is the same with the calibration off
-        fold = rng.integers(0, 2, c.key.size, dtype=np.int8)
+    calibrating = fold is not None and bool(s.calibration_min_labels) and c.target is None
+    cal_runs = np.ones(R, dtype=bool) if calibrated is None else np.asarray(calibrated, dtype=bool)
+    deferred = None
+    if calibrating:
         lands = np.full(c.key.size, np.iinfo(np.int64).max)  # the step a label lands at
+        memo: dict = {}  # each run's last histogram (`chunk_calibration`)
+        if budget is None and not trace_runs and s.stop_rounds >= 1:  # where a flowing chunk's status is idle
+            deferred = DeferredRounds(int(s.stop_rounds), s.delta)
 
     N = np.zeros((R, K))
     qsum = np.zeros((R, K))
@@ -113,6 +138,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
     streak = np.zeros(R, dtype=np.int64)
     evaluated = np.zeros(R, dtype=np.int64)
     status_now = np.full(R, "open", dtype=object)
+    waiting_now = np.zeros(R, dtype=bool)  # status_now == "waiting_for_budget"
     seen = np.full((R, 5 + K), np.nan)  # (items, labels, pending, flowing, closed, stored thresholds)
     ptr = np.zeros(R, dtype=np.int64)  # arrivals so far
     first = np.full(R, np.nan)
@@ -134,18 +160,20 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
         if calibrating:
             def calibrate_gauge(t, closed_t, a):  # the runs `a` whose gauge shows the difference estimator's
                 step_t = int(math.floor(t / dt + 1e-9))  # the labels landed by t
-                for i in np.flatnonzero(n[a].sum(axis=1) >= s.calibration_min_labels):
-                    cal = chunk_calibration(c, int(a[i]), step_t, t, N[a[i]], lands, fold, closed_t, s)
+                for i in np.flatnonzero((n[a].sum(axis=1) >= s.calibration_min_labels) & cal_runs[a]):
+                    cal = chunk_calibration(c, int(a[i]), step_t, t, N[a[i]], lands, fold, closed_t, s, memo)
                     if cal.active:
                         yield i, cal.interval
 
     out = StreamResult.start(c, overflow, blocked_steps)
-    run_ids = np.arange(R)
     arrived_by = arrivals_by_step(c, dt, T)
     n_arr = arrived_by.shape[1]
     hour = -1
-    step = 0
+    next_g = np.zeros(G, dtype=np.int64)  # each group's next step
     while active.any():
+        step = int(next_g.min())
+        due_g = next_g == step
+        due_run = due_g[group]
         now = step * dt
         sl = step % S
         if gauge is not None:  # the readings the skipped steps left: nothing changed in them
@@ -157,9 +185,10 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
         ring_n[sl] = 0
         ring_h[sl] = 0
         ring_c[sl] = 0
+        ring_live[sl] = 0  # (the groups with answers landing now are due now)
         # arrivals: counted; those at or below a stored threshold are due
         new_ptr = arrived_by[:, min(step, n_arr - 1)]
-        grew = np.flatnonzero(new_ptr > ptr)
+        grew = np.flatnonzero((new_ptr > ptr) & due_run)
         fresh = np.empty(0, dtype=np.int64)
         if grew.size:
             li = c.arr_li[ranges(grew * M + ptr[grew], new_ptr[grew] - ptr[grew])]
@@ -170,10 +199,10 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             if gauge is not None:
                 gauge.arrived(flat, c.y[li])
             qsum += np.bincount(flat, weights=c.prob[li], minlength=R * K).reshape(R, K)
-            first[grew] = np.where(np.isnan(first[grew]), c.arr_key[grew * M] - grew * c.span, first[grew])
-            last[grew] = c.arr_key[grew * M + new_ptr[grew] - 1] - grew * c.span
+            first[grew] = np.where(np.isnan(first[grew]), c.arr_key[grew * M] - c.arr_base[grew], first[grew])
+            last[grew] = c.arr_key[grew * M + new_ptr[grew] - 1] - c.arr_base[grew]
             fresh = li[(li - c.off[rr, kk]) < m[rr, kk]]
-            ptr = new_ptr
+            ptr[grew] = new_ptr[grew]
         if gauge is not None:
             gauge.at(now, active, N, n, h, calibrate_gauge)
         closed = bool(lifecycle.is_closed(now, end, s.lateness))
@@ -182,12 +211,12 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             hour = int(now // 3600)
             issued_hour[:] = 0
         # 2. the loop, for the runs whose chunk has its strata and where something it looks at changed
-        live = np.flatnonzero(active & (now >= c.start))
+        live = np.flatnonzero(active & due_run & (now >= c.start))
         total_l = N[live].sum(axis=1)
         flowing_l = streams.arrivals_flowing(total_l, first[live], last[live], now, end, T) & (not closed)
         key_l = np.column_stack([total_l, n[live].sum(axis=1), pend[live], flowing_l, np.full(live.size, closed),
                                  tau[live]])
-        changed = (key_l != seen[live]).any(axis=1) | (status_now[live] == "waiting_for_budget") | capped
+        changed = (key_l != seen[live]).any(axis=1) | waiting_now[live] | capped
         rows = live[changed]
         flowing = flowing_l[changed]
         seen[rows] = key_l[changed]
@@ -207,9 +236,19 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             if calibrating:  # as `requests.loop`: the difference estimator's interval where its switch keeps it
                 # a flowing chunk's step that evaluates no round uses its interval only for its status:
                 # there the last one computed stands in (two thirds of the fits saved)
-                fresh_fit = (labels >= s.calibration_min_labels) & (ev | ~flowing)
+                fresh_fit = (labels >= s.calibration_min_labels) & (ev | ~flowing) & cal_runs[rows]
+                if deferred is not None:  # a flowing chunk's rounds are fitted once it stops flowing
+                    for i in np.flatnonzero(~flowing):
+                        if rows[i] in deferred:
+                            r = int(rows[i])
+                            streak[r], cal = deferred.resolve(r, lambda t, at, Nt: chunk_calibration(
+                                c, r, t, at, Nt, lands, fold, False, s, memo))
+                            cal_active[r], cal_hw[r] = cal.active, cal.interval.halfwidth
+                    for i in np.flatnonzero(fresh_fit & flowing):
+                        deferred.add(int(rows[i]), int(streak[rows[i]]), step, now, Nr[i], float(hw[i]))
+                    fresh_fit &= ~flowing
                 for i in np.flatnonzero(fresh_fit):
-                    cal = chunk_calibration(c, int(rows[i]), step, now, Nr[i], lands, fold, closed, s)
+                    cal = chunk_calibration(c, int(rows[i]), step, now, Nr[i], lands, fold, closed, s, memo)
                     cal_active[rows[i]] = cal.active
                     cal_hw[rows[i]] = cal.interval.halfwidth
                     if cal.active:
@@ -242,7 +281,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             cr, ck = np.nonzero(tau_r > tau[rows])
             if cr.size:
                 g = rows[cr]
-                m_r[cr, ck] = np.searchsorted(c.key, c.seg(g, ck) * 2.0 + tau_r[cr, ck], side="right") - c.off[g, ck]
+                m_r[cr, ck] = c.prefix(g, ck, tau_r[cr, ck])
             # due: waiting below the stored thresholds, fresh arrivals below them, arrived items the raise passes
             li = ranges(c.off[rows[cr], ck] + m[rows[cr], ck], m_r[cr, ck] - m[rows[cr], ck])
             parts = [fresh, li[c.a[li] <= now]]
@@ -285,6 +324,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                 np.add.at(ring_n, (slot, ir, ik), lab)
                 np.add.at(ring_h, (slot, ir, ik), lab & (c.y[issue] == 1))
                 np.add.at(ring_c, (slot, ir), 1)
+                np.add.at(ring_live, (slot, group[ir]), 1)
                 cnt = np.bincount(ir, minlength=R)
                 pend += cnt
                 issued_now += cnt
@@ -315,6 +355,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
             done = closed & (finished | capped)
             status = lifecycle.chunk_status(st, hw, s.delta, s.stop_rounds, closed, nothing_left, blocked[rows], complete)
             status_now[rows] = status
+            waiting_now[rows] = status == "waiting_for_budget"
             if trace_runs:
                 for i in np.flatnonzero(rows < trace_runs):
                     r = rows[i]
@@ -334,39 +375,12 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
                             closed=closed, status=status[done], capped=~finished[done], stop_seconds=now,
                             tau=tau[d], n=n[d], h=h[d], N=N[d], calibrated=cal_active[d])
                 active[d] = False
-        step = _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
-                          close_step, cap_step)
+                np.add.at(ring_live.T, group[d], -ring_c[:, d].T)
+        next_g = np.where(due_g, next_steps(step, dt, S, active, ring_live, ptr, c, first, last, N, waiting_now, end,
+                                            silence, close_step, cap_step, group), next_g)
     if keep_items:
         out.chunks, out.requested, out.requested_at = c, requested, requested_at
     if gauge is not None:
         out.gauge = gauge.result()
     return out
 
-
-def _next_step(step, dt, S, active, ring_c, ptr, c, run_ids, first, last, N, status_now, end, silence,
-               close_step, cap_step) -> int:
-    """The next step at which some active run's step can change anything: an
-    answer lands, an item arrives, a stream falls silent, the chunk closes, the
-    time cap; every step while a chunk waits for the budget."""
-    if not active.any():
-        return step + 1
-    if (status_now[active] == "waiting_for_budget").any():
-        return step + 1
-    cand = [cap_step] + ([close_step] if step < close_step else [])
-    ahead = np.flatnonzero(ring_c[:, active].any(axis=1))
-    if ahead.size:
-        cand.append(step + 1 + int(((ahead - step - 1) % S).min()))
-    coming = active & (ptr < c.count)
-    if coming.any():
-        t_next = c.arr_key[run_ids[coming] * c.M + ptr[coming]] - run_ids[coming] * c.span
-        cand.append(int(math.ceil(float(t_next.min()) / dt - 1e-9)))
-    seen_any = active & (ptr > 0)
-    if seen_any.any():  # when `arrivals_flowing` turns false: the silence after the last arrival, or the end
-        total = N[seen_any].sum(axis=1)
-        gap = np.maximum(last[seen_any] - first[seen_any], 0.0) / np.maximum(total - 1.0, 1.0)
-        quiet = last[seen_any] + np.maximum(streams.SILENCE_GAPS * gap, silence)
-        flip = np.minimum(quiet, end)
-        later = flip[flip >= step * dt]
-        if later.size:
-            cand.append(int(math.floor(float(later.min()) / dt)) + 1)
-    return max(step + 1, min(cand))

@@ -5,6 +5,7 @@ bias and coverage (`--trace`, `run_trace_study`)."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
@@ -13,11 +14,11 @@ import numpy as np
 
 from ..stats.difference import CALIBRATION_MIN_LABELS
 from . import engine, whole
-from .arrivals import SCENARIOS, StreamSettings
+from .arrivals import SCENARIOS, StreamSettings, concat, draw
 from .calibrated import BLOCK_RUNS, Cell, Stop
 from .parallel import map_in_processes
 from .populations import Population
-from .stream import run_stream
+from .stream import run_chunks, run_stream
 from .stream_result import StreamResult
 from .trace import SCRAPE_SECONDS, GaugeTrace, TraceSummary
 from .trace import summarise as summarise_trace
@@ -179,32 +180,48 @@ def run_calibration_study(study: StreamStudy, progress: Callable[[int, int], Non
     """Every scenario with precision's difference estimator (``CALIBRATION_MIN_LABELS``
     `difference.CALIBRATION_MIN_LABELS`) beside today's estimator, on the same chunks (the
     same seed: `run_stream` draws the chunks before anything of the calibration), in blocks of
-    `calibrated.BLOCK_RUNS` runs spread over processes; each chunk judged by its own precision."""
+    `calibrated.BLOCK_RUNS` runs, each drawn from its own seed; each chunk judged by its own precision.
+    The blocks of a scenario are stepped together, a share of them per process (`_calibration_blocks`:
+    each block's runs as if run alone, so the results do not depend on the processes)."""
     blocks = -(-study.runs // BLOCK_RUNS)
-    tasks = [(study, name, np.random.SeedSequence([study.seed, list(SCENARIOS).index(name), b]),
-              min(BLOCK_RUNS, study.runs - b * BLOCK_RUNS)) for name in study.scenarios for b in range(blocks)]
-    done = map_in_processes(_calibration_block, tasks, progress, workers)
+    parts = np.array_split(np.arange(blocks), min(blocks, workers or os.cpu_count() or 1))
+    tasks = [(study, name, [(np.random.SeedSequence([study.seed, list(SCENARIOS).index(name), int(b)]),
+                             min(BLOCK_RUNS, study.runs - int(b) * BLOCK_RUNS)) for b in part])
+             for name in study.scenarios for part in parts]
+    done = map_in_processes(_calibration_blocks, tasks, progress, workers)
     cells = []
     for i, name in enumerate(study.scenarios):
-        mine = done[i * blocks:(i + 1) * blocks]
+        mine = [block for part in done[i * len(parts):(i + 1) * len(parts)] for block in part]
         pairs = [pair for block, _ in mine for pair in block]
         truth = np.concatenate([t for _, t in mine])
         cells.append((name, Cell.of(study.population.name, study.settings.delta, pairs, truth)))
     return cells
 
 
-def _calibration_block(task) -> tuple[list[tuple[Stop, Stop]], np.ndarray]:
-    study, name, seed, runs = task
-    s = study.settings
-    plain, calibrated = (run_stream(study.population, SCENARIOS[name], replace(s, calibration_min_labels=m), runs, seed)
-                         for m in (0, CALIBRATION_MIN_LABELS))
-    return list(zip(_stops(plain), _stops(calibrated))), plain.truth
+def _calibration_blocks(task) -> list[tuple[list[tuple[Stop, Stop]], np.ndarray]]:
+    """Blocks of one scenario, each (seed, runs) drawn as `run_stream` draws it, run today's way and
+    with the calibration in one `run_chunks` (a group per block and way): per block its (today's stop,
+    the calibrated stop) pairs and its chunks' truth."""
+    study, name, blocks = task
+    s = replace(study.settings, calibration_min_labels=CALIBRATION_MIN_LABELS)
+    chunks, folds = [], []
+    for seed, runs in blocks:
+        rng = np.random.default_rng(seed)
+        chunks.append(draw(study.population, SCENARIOS[name], s, runs, rng))
+        folds.append(rng.integers(0, 2, chunks[-1].key.size, dtype=np.int8) if chunks[-1].target is None else None)
+    merged, fold = concat(chunks + chunks, None if folds[0] is None else [np.zeros_like(f) for f in folds] + folds)
+    sizes = [c.runs for c in chunks + chunks]
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    r = run_chunks(merged, s, fold, calibrated=groups >= len(chunks), groups=groups)
+    runs = np.split(np.arange(groups.size), np.cumsum(sizes)[:-1])  # per group, its runs
+    return [(list(zip(_stops(r, runs[b]), _stops(r, runs[len(chunks) + b]))), r.truth[runs[b]])
+            for b in range(len(chunks))]
 
 
-def _stops(r: StreamResult) -> list[Stop]:
+def _stops(r: StreamResult, runs: np.ndarray) -> list[Stop]:
     covered = np.isfinite(r.lower) & (r.lower <= r.truth) & (r.truth <= r.upper)
     return [Stop(int(r.labels[i]), float(r.estimate[i]), bool(covered[i]), bool(r.calibrated[i]),
-                 bool(r.converged[i])) for i in range(r.labels.size)]
+                 bool(r.converged[i])) for i in runs]
 
 
 def calibration_json(study: StreamStudy, cells: list[tuple[str, Cell]]) -> dict:

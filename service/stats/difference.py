@@ -39,7 +39,7 @@ from scipy.special import expit, logit
 
 from .calibration import resolve_kind
 from .confusion import METRICS, moments_ratio_interval, population
-from .estimator import (Interval, _as_counts, shift_of_means, undefined_interval, weights, wilson_design_effect,
+from .estimator import (Interval, _as_counts, shifts_of_means, undefined_interval, weights, wilson_design_effect,
                         z_value)
 from .moments import StratumMoments
 from .sketch import ScoreHistogram, bin_edges_score
@@ -92,30 +92,32 @@ def fit_platt(x, y, ridge: float = PLATT_RIDGE, iterations: int = 100) -> Platt:
     if x.size == 0:
         return Platt()
     sum_y, sum_xy, xx = float(y.sum()), float(x @ y), x * x
+    total = np.add.reduce  # ndarray.sum's reduction, without its method's overhead
 
-    def objective(a: float, b: float) -> float:
+    def objective(a: float, b: float) -> tuple[float, np.ndarray]:
         eta = a + b * x
-        return float(sum_y * a + sum_xy * b - np.logaddexp(0.0, eta).sum()) - ridge / 2 * (a * a + (b - 1.0) ** 2)
+        value = float(sum_y * a + sum_xy * b - total(np.logaddexp(0.0, eta))) - ridge / 2 * (a * a + (b - 1.0) ** 2)
+        return value, eta
 
     a, b = 0.0, 1.0
-    value = objective(a, b)
+    value, eta = objective(a, b)
     for _ in range(iterations):
-        p = expit(a + b * x)
+        p = expit(eta)  # eta = a + b x, as the objective computed it at (a, b)
         w = p * (1.0 - p)
-        grad_a = sum_y - float(p.sum()) - ridge * a
+        grad_a = sum_y - float(total(p)) - ridge * a
         grad_b = sum_xy - float(x @ p) - ridge * (b - 1.0)
-        h_aa, h_ab, h_bb = float(w.sum()) + ridge, float(w @ x), float(w @ xx) + ridge
+        h_aa, h_ab, h_bb = float(total(w)) + ridge, float(w @ x), float(w @ xx) + ridge
         det = h_aa * h_bb - h_ab * h_ab
         step_a = (h_bb * grad_a - h_ab * grad_b) / det
         step_b = (h_aa * grad_b - h_ab * grad_a) / det
         for _ in range(60):
-            moved = objective(a + step_a, b + step_b)
+            moved, moved_eta = objective(a + step_a, b + step_b)
             if moved >= value:
                 break
             step_a, step_b = step_a / 2.0, step_b / 2.0
         else:
             break  # no step rises: at the optimum to rounding
-        a, b, value = a + step_a, b + step_b, moved
+        a, b, value, eta = a + step_a, b + step_b, moved, moved_eta
         if max(abs(step_a), abs(step_b)) < 1e-10:
             break
     return Platt(a, b)
@@ -185,10 +187,18 @@ class Labelled:
             object.__setattr__(self, name, np.asarray(getattr(self, name)))
         if not self.stratum.shape == self.x.shape == self.y.shape == self.fold.shape:
             raise ValueError("stratum, x, y and fold must have one entry per labelled item")
-        if self.fold.size and not np.isin(self.fold, (0, 1)).all():
+        if self.fold.size and not _zero_or_one(self.fold):
             raise ValueError("fold must be 0 or 1")
-        if self.y.size and not np.isin(self.y, (0, 1)).all():
+        if self.y.size and not _zero_or_one(self.y):
             raise ValueError("labels must be 0 or 1")
+
+
+def _zero_or_one(a: np.ndarray) -> bool:
+    """Every entry is 0 or 1 (`np.isin` with (0, 1); for numbers, two comparisons: the request loop
+    builds a chunk's labelled items a few times a step)."""
+    if a.dtype.kind in "biuf":
+        return bool(((a == 0) | (a == 1)).all())
+    return bool(np.isin(a, (0, 1)).all())
 
 
 def cross_fitted(items: Labelled, ridge: float = PLATT_RIDGE) -> tuple[Platt, Platt]:
@@ -211,18 +221,20 @@ def difference_interval(N, stratum, z, confidence: float = 0.95, fpc: bool = Tru
     each stratum's spread), adaptive-bias correction, stopping margin, design-effect ``n_eff``
     and reported estimate (`estimator.Interval`).  With ``z = y`` it is `wilson_interval` on the counts."""
     N = np.asarray(N, dtype=float)
-    k = N.shape[-1]
-    m = StratumMoments.of_outcomes(k, stratum, z)
-    _as_counts(N, m.n, np.zeros(k))
+    return moments_interval(N, StratumMoments.of_outcomes(N.shape[-1], stratum, z), confidence, fpc)
+
+
+def moments_interval(N, m: StratumMoments, confidence: float = 0.95, fpc: bool = True) -> Interval:
+    """`difference_interval` from the outcomes' moments `m` (`StratumMoments.of_outcomes`)."""
+    N = np.asarray(N, dtype=float)
+    _as_counts(N, m.n, np.zeros(N.shape[-1]))
     W = weights(N)
     var = np.sum(np.where(W > 0, W**2 * m.variances(N, fpc), 0.0))
     missing = ((m.n == 0) & (W > 0)).any()
     pbar = np.clip(m.guarded_mean, 1e-9, 1.0 - 1e-9)
-    def corrected(stop: bool) -> np.ndarray:
-        shifted = np.clip(m.mean + shift_of_means(N, m.n, pbar, m.spread, W**2, var, fpc, stop), 0.0, 1.0)
-        return np.asarray(np.nan if missing else np.sum(W * shifted), dtype=float)
-
-    return wilson_design_effect(corrected(True), var, m.n.sum(), z_value(confidence), corrected(False))
+    at_stop, now = (np.asarray(np.nan if missing else np.sum(W * np.clip(m.mean + shift, 0.0, 1.0)), dtype=float)
+                    for shift in shifts_of_means(N, m.n, pbar, m.spread, W**2, var, fpc))
+    return wilson_design_effect(at_stop, var, m.n.sum(), z_value(confidence), now)
 
 
 def metric_interval(metric: str, N, positive, stratum, z, y, confidence: float = 0.95, fpc: bool = True) -> Interval:
@@ -264,12 +276,13 @@ def metric_interval(metric: str, N, positive, stratum, z, y, confidence: float =
 class Calibrated:
     """The precision interval a chunk reports and how it was made: the difference estimator's
     when the calibration is `active`, else the plain estimator's; ``calibration`` is the Platt
-    fit on every label (what `/v1/classifiers/{id}` shows), ``labels_used`` its labels."""
+    fit on every label (what `/v1/classifiers/{id}` shows; None where the caller did not ask for it),
+    ``labels_used`` its labels."""
 
     interval: Interval
     plain: Interval
     difference: Interval | None
-    calibration: Platt
+    calibration: Platt | None
     labels_used: int
     active: bool
     # per stratum: the residuals' sd over the labels' (guarded); derived from the above, not compared
@@ -292,15 +305,16 @@ class Calibrated:
 
 
 def calibrated_interval(N, items: Labelled, grid: StratumGrid, confidence: float = 0.95, fpc: bool = True,
-                        min_labels: int = CALIBRATION_MIN_LABELS, margin: float = CALIBRATION_MARGIN) -> Calibrated:
+                        min_labels: int = CALIBRATION_MIN_LABELS, margin: float = CALIBRATION_MARGIN, *,
+                        shown: bool = True) -> Calibrated:
     """Precision's `calibrated_metrics` over strata of predicted positives only."""
     return calibrated_metrics(N, np.ones(np.asarray(N).shape[-1], dtype=bool), items, grid, ("precision",),
-                              confidence, fpc, min_labels, margin)["precision"]
+                              confidence, fpc, min_labels, margin, shown=shown)["precision"]
 
 
 def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics, confidence: float = 0.95,
                        fpc: bool = True, min_labels: int = CALIBRATION_MIN_LABELS,
-                       margin: float = CALIBRATION_MARGIN) -> dict[str, Calibrated]:
+                       margin: float = CALIBRATION_MARGIN, *, shown: bool = True) -> dict[str, Calibrated]:
     """Per enabled metric, the switch (module docstring): below `min_labels` labels, or with a fold
     empty, the plain estimator (`metric_interval` with ``z = y``: `confusion.metric_interval` to
     rounding, `tests/unit/test_difference.py`); above, the difference
@@ -312,23 +326,33 @@ def calibrated_metrics(N, positive, items: Labelled, grid: StratumGrid, metrics,
     calibration (fraud-rare accuracy at delta 0.02: +3.3 % labels, 2000 paired runs; near-perfect
     precision saved 1.6 % instead of 3.8 %, 400 paired runs; the other populations unchanged).  One calibration for every stratum, both sides
     of the threshold (`positive`): it maps the score to the chance the item is truly positive,
-    whatever the decision, and the grid holds every stratum's items."""
+    whatever the decision, and the grid holds every stratum's items.
+    Without `shown`, no calibration is fitted on every label (``Calibrated.calibration`` None): the
+    switch does not use it, and the simulations, which run the switch thousands of times, never
+    show it."""
     N = np.asarray(N, dtype=float)
     positive = np.asarray(positive, dtype=bool)
     k = N.shape[-1]
-    plain = {m: metric_interval(m, N, positive, items.stratum, items.y, items.y, confidence, fpc) for m in metrics}
-    everything = fit_platt(items.x, items.y)
+    labels_moments = StratumMoments.of_outcomes(k, items.stratum, items.y)
+
+    def interval(m: str, z, moments: StratumMoments) -> Interval:  # `metric_interval`, from `moments` where it can
+        if m == "precision" and positive.all() and population(m, N, positive) > 0:
+            return moments_interval(N, moments, confidence, fpc)  # precision over every stratum: z's own moments
+        return metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
+
+    plain = {m: interval(m, items.y, labels_moments) for m in metrics}
+    everything = fit_platt(items.x, items.y) if shown else None
     labels = int(items.y.size)
     if labels < min_labels or not (items.fold == 0).any() or not (items.fold == 1).any():
         return {m: Calibrated(plain[m], plain[m], None, everything, labels, False) for m in metrics}
     z = pseudo_outcomes(items, grid, cross_fitted(items))
-    residual = StratumMoments.of_outcomes(k, items.stratum, z).guarded_spread
-    spread = StratumMoments.of_outcomes(k, items.stratum, items.y).guarded_spread
+    pseudo_moments = StratumMoments.of_outcomes(k, items.stratum, z)
+    residual, spread = pseudo_moments.guarded_spread, labels_moments.guarded_spread
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(spread > 0, np.sqrt(residual / np.where(spread > 0, spread, 1.0)), 1.0)
     out = {}
     for m in metrics:
-        diff = metric_interval(m, N, positive, items.stratum, z, items.y, confidence, fpc)
+        diff = interval(m, z, pseudo_moments)
         # a plain variance of 0 (recall with no predicted positive: TP is 0 for sure) leaves nothing to reduce
         active = bool(np.isfinite(diff.stderr) and plain[m].stderr > 0
                       and diff.stderr**2 <= margin * plain[m].stderr**2 and diff.halfwidth <= plain[m].halfwidth)

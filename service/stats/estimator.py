@@ -238,12 +238,20 @@ def adaptive_bias_corrected(N, n, h, var=None, fpc: bool = False, stop: bool = T
     """
     N, n, h = _as_counts(N, n, h)
     W = weights(N)
-    base = stratified_estimate(N, n, h)
     if var is None:
         var = stratified_variance(N, n, h, p_var=half_label_smoothed(n, h))
+    at_stop, now = _bias_corrected(N, n, h, W, var, fpc, stop)
+    return at_stop if stop else now
+
+
+def _bias_corrected(N, n, h, W, var, fpc: bool, stop: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    """`adaptive_bias_corrected` of counts already checked, with their weights `W`: (with the
+    stopping rule's term, None unless `stop`; without it), sharing what the two have in common."""
+    known = ~((n == 0) & (W > 0)).any(axis=-1)  # where `stratified_estimate` is defined (finite)
     p_k = h / np.maximum(n, 1.0)
-    est = np.sum(W * np.clip(p_k + adaptive_shift(N, n, h, W**2, var, fpc, stop), 0.0, 1.0), axis=-1)
-    return np.where(np.isfinite(base), est, np.nan)
+    shifts = shifts_of_means(N, n, half_label_smoothed(n, h), p_k * (1.0 - p_k), W**2, var if stop else None, fpc)
+    return tuple(None if s is None else np.where(known, np.sum(W * np.clip(p_k + s, 0.0, 1.0), axis=-1), np.nan)
+                 for s in shifts)
 
 
 def adaptive_shift(N, n, h, g2, var, fpc: bool = False, stop: bool = True) -> np.ndarray:
@@ -266,18 +274,26 @@ def shift_of_means(N, n, pbar, spread, g2, var, fpc: bool = False, stop: bool = 
     ``n``) variance ``spread`` of its draws: ``p (1 - p)`` for labels, the residual
     spread for the difference estimator (`difference`); the stopping rule's term only with
     ``stop``."""
+    at_stop, now = shifts_of_means(N, n, pbar, spread, g2, var if stop else None, fpc)
+    return at_stop if stop else now
+
+
+def shifts_of_means(N, n, pbar, spread, g2, var, fpc: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
+    """`shift_of_means` with the stopping rule's term and without it, in one pass (the same
+    numbers); with `var` None, (None, without it)."""
     n = np.asarray(n, dtype=float)
     var_k = spread / np.maximum(n, 1.0)
     if fpc:
         var_k = var_k * np.clip(1.0 - n / np.maximum(N, 1.0), 0.0, 1.0)
     g = (1.0 - 2.0 * pbar) / (2.0 * pbar * (1.0 - pbar))
-    if not stop:
-        return g * n / (n + 1.0) * var_k
+    allocation = g * n / (n + 1.0)
+    if var is None:
+        return None, allocation * var_k
     v = np.asarray(var, dtype=float)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
         stop_slope = np.where(np.isfinite(v) & (v > 0),
                               g2 * (1.0 - 2.0 * pbar) / (np.maximum(n, 1.0) * v), 0.0)
-    return (g * n / (n + 1.0) + stop_slope) * var_k
+    return (allocation + stop_slope) * var_k, allocation * var_k
 
 
 #: Variance inflation of the default interval for the sequential stopping rule: the design
@@ -320,13 +336,13 @@ def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True, adaptiv
     Returns NaN bounds (and the estimates) where a non-empty stratum has fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
-    p_var = half_label_smoothed(n, h)
-    var = stratified_variance(N, n, h, fpc=fpc, p_var=p_var)
+    W = weights(N)
+    # stratified_variance at the half-label proportions, and both estimates: the counts checked once
+    var = np.sum(np.where(W > 0, W**2 * stratum_variances(N, n, half_label_smoothed(n, h), fpc), 0.0), axis=-1)
     if not adaptive:
         plain = stratified_estimate(N, n, h)
         return wilson_design_effect(plain, var, n.sum(axis=-1), z_value(confidence))
-    est = adaptive_bias_corrected(N, n, h, var, fpc)
-    now = adaptive_bias_corrected(N, n, h, var, fpc, stop=False)
+    est, now = _bias_corrected(N, n, h, W, var, fpc)
     return wilson_design_effect(est, var, n.sum(axis=-1), z_value(confidence), now)
 
 

@@ -43,12 +43,15 @@ Everything here is vectorised over runs (last axis: strata) so that
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .allocation import MIN_LABELS_PER_STRATUM, allocate_opt_track, pseudo_smoothed
 from .confusion import allocation_scale
-from .estimator import (STOPPING_VARIANCE_MARGIN, Interval, _as_counts, half_label_smoothed, interval, weights,
-                        z_value)
+from .estimator import STOPPING_VARIANCE_MARGIN, Interval, half_label_smoothed, interval, z_value
+from .rows import on_rows
+from .widths import ClosedWidths
 
 #: Share of the Neyman target the pace aims at while items still arrive; the
 #: rounds after the arrivals stop make up the rest (see the module docstring).
@@ -194,7 +197,7 @@ def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, passes: in
     the bracket at once (one vectorised interval instead of one per bisection step): 4 x 32
     narrow the bracket by 2^20, as twenty bisections, in a sixth of their time (the request
     loop runs it twice per round of a closed chunk).  For precision the interval is evaluated
-    by `_ClosedWidths` (the same numbers as `chunk_interval`, its per-stratum constants once
+    by `ClosedWidths` (the same numbers as `chunk_interval`, its per-stratum constants once
     per call, today's width with the first pass): 1.43 -> 0.51 ms a call on steep's four
     strata, and `shortfall_round` (both forecasts in one search) 2.86 -> 0.60 ms."""
     N = np.asarray(N, dtype=float)
@@ -212,7 +215,7 @@ def _search(N, n, p, delta: float, confidence: float, passes: int, grid: int, ta
     cap = np.maximum(N, n)
     grown = lambda t: np.minimum(n[..., None, :] * t[..., None], cap[..., None, :])  # noqa: E731
     if target is None or target.is_precision:
-        width = _ClosedWidths(N, n, p, cap, confidence)
+        width = ClosedWidths(N, n, p, cap, confidence)
     else:
         def width(t):  # t (..., G): the closed interval's half-width at each factor
             m = grown(t)
@@ -220,7 +223,7 @@ def _search(N, n, p, delta: float, confidence: float, passes: int, grid: int, ta
             return chunk_interval(full(N), m, full(p) * m, confidence, True, target).halfwidth
 
     one = np.ones(N.shape[:-1] + (1,))
-    now = None if passes > 0 and isinstance(width, _ClosedWidths) else width(one)[..., 0]
+    now = None if passes > 0 and isinstance(width, ClosedWidths) else width(one)[..., 0]
     lo = np.ones(N.shape[:-1])
     with np.errstate(divide="ignore"):
         hi = np.maximum(np.max(np.where(n > 0, N / np.maximum(n, 1.0), 1.0), axis=-1), 1.0)
@@ -240,82 +243,6 @@ def _search(N, n, p, delta: float, confidence: float, passes: int, grid: int, ta
         hi = np.where(found, at, hi)
     short = np.isfinite(now) & (now > delta)
     return np.where(short, grown(hi[..., None])[..., 0, :].sum(axis=-1), n.sum(axis=-1))
-
-
-class _ClosedWidths:
-    """Half-widths of a closed chunk's precision interval (`chunk_interval` with ``closed``:
-    `estimator.wilson_interval` with the finite population correction) at the counts
-    ``m_k = min(t n_k, cap_k)`` and positives ``p_k m_k``, for many factors ``t`` at once.
-
-    The same operations in the same order as `estimator.wilson_interval`, so the same numbers
-    (`tests/unit/test_streams_search.py` holds the two equal on random chunks): the guarded
-    stratified variance ``v = sum_k W_k^2 (1 - f_k) s_k^2 / n_k`` with ``s_k^2 = n/(n-1) pbar
-    (1 - pbar)`` at ``pbar_k = (h_k + 1/2)/(n_k + 1)`` (Kumar & Raj, Eq. 3 and 6), the
-    adaptive-bias corrected estimate (`estimator.adaptive_shift`: Wald's identity, to first
-    order), the stopping margin, Kish's ``n_eff = p (1 - p) / v`` and Wilson's (1927) score
-    interval at its centre (`estimator.wilson_design_effect`).  What depends only on the
-    stratum sizes (weights, the correction's denominators) is computed once per call, the
-    counts' validation (`estimator._as_counts`) once at ``t = 1`` (growing the counts keeps
-    them valid), and nothing the half-width does not need (the standard error)."""
-
-    def __init__(self, N, n, p, cap, confidence: float):
-        with np.errstate(invalid="ignore"):  # inf labels: refused by _as_counts, not warned about
-            _as_counts(N, n, p * n)  # what the interval refuses, it refuses at today's counts
-        W = weights(N)
-        row = lambda a: a[..., None, :]  # noqa: E731  (..., 1, K) against (..., G, K)
-        self.n, self.cap, self.p, self.N = row(n), row(cap), row(p), row(N)
-        self.W, self.W2 = row(W), row(W**2)
-        self.stratum, self.weighted = self.N > 0, self.W > 0
-        self.N_less_one, self.N_at_least_one = self.N - 1.0, np.maximum(self.N, 1.0)
-        self.z = z_value(confidence)
-
-    def __call__(self, t) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return self._halfwidths(t)
-
-    def _halfwidths(self, t) -> np.ndarray:
-        N, W, W2, stratum = self.N, self.W, self.W2, self.stratum
-        m = np.minimum(self.n * t[..., None], self.cap)
-        h = self.p * m
-        # estimator.stratified_variance at the half-label proportions (stratum_variances, variance_of_mean)
-        m_plus_one = m + 1.0
-        pbar = (h + 0.5) / m_plus_one
-        one_less = 1.0 - pbar
-        safe_n = np.maximum(m, 2.0)
-        s2 = safe_n / (safe_n - 1.0) * pbar * one_less
-        f = np.where(stratum, np.minimum(m, self.N_less_one) / self.N_at_least_one, 1.0)
-        var_k = np.clip(1.0 - f, 0.0, 1.0) * s2 / safe_n
-        too_few = (m < 2) & stratum & ~(N <= m)
-        var_k = np.where(stratum, np.where(too_few, np.inf, var_k), 0.0)
-        var = np.sum(np.where(self.weighted, W2 * var_k, 0.0), axis=-1)
-        # estimator.adaptive_bias_corrected (adaptive_shift, shift_of_means) with the correction
-        missing = ((m == 0) & self.weighted).any(axis=-1)  # stratified_estimate is NaN
-        m_at_least_one = np.maximum(m, 1.0)
-        p_k = h / m_at_least_one
-        spread_k = p_k * (1.0 - p_k) / m_at_least_one
-        spread_k = spread_k * np.clip(1.0 - m / self.N_at_least_one, 0.0, 1.0)
-        two_pbar = 2.0 * pbar
-        tilt = 1.0 - two_pbar
-        g = tilt / (two_pbar * one_less)
-        v = var[..., None]
-        stop_slope = np.where(np.isfinite(v) & (v > 0), W2 * tilt / (m_at_least_one * v), 0.0)
-        shift = (g * m / m_plus_one + stop_slope) * spread_k
-        est = np.sum(W * np.clip(p_k + shift, 0.0, 1.0), axis=-1)
-        est = np.where(missing, np.nan, est)
-        # estimator.wilson_design_effect and wilson_score
-        var = var * STOPPING_VARIANCE_MARGIN
-        p = np.clip(est, 0.0, 1.0)
-        pq = p * (1 - p)
-        n_eff = np.where(var > 0, np.maximum(pq, 1e-300) / var, np.inf)
-        n_eff = np.minimum(n_eff, np.where(np.isfinite(var), np.inf, 0.0))
-        n_eff = np.where((p <= 0) | (p >= 1), m.sum(axis=-1), n_eff)
-        ok = np.isfinite(var) & np.isfinite(est) & (n_eff > 0)
-        z = self.z
-        z2n = z * z / n_eff
-        center = (p + z2n / 2.0) / (1.0 + z2n)
-        half = z / (1.0 + z2n) * np.sqrt(pq / n_eff + z2n / (4.0 * n_eff))
-        upper, lower = np.clip(center + half, 0.0, 1.0), np.clip(center - half, 0.0, 1.0)
-        return np.where(ok, (upper - lower) / 2.0, np.nan)
 
 
 def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, target=None,
@@ -377,22 +304,28 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     `difference.Calibrated.allocation_scale`) makes the rounds allocate on the
     residual spread (for another target, times its metrics' scale).
     """
+    flowing = np.asarray(flowing, dtype=bool)
+    do_round = ~flowing & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
+    # each part on the rows that use it only (`rows.on_rows`: the same numbers, every row computed alone)
+    return (on_rows(flowing, partial(_paced, delta, confidence, target), (tau, N_final, n, h, q),
+                    fill=np.asarray(tau, dtype=float)),
+            on_rows(do_round, partial(_round, delta, confidence, round_labels, target), (N, n, h, q, spread_scale),
+                    (closed, variance_ratio)))
+
+
+def _paced(delta, confidence, target, tau, N_final, n, h, q) -> np.ndarray:
+    return paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True, target=target))
+
+
+def _round(delta, confidence, round_labels, target, N, n, h, q, spread_scale, closed, variance_ratio) -> np.ndarray:
     N = np.asarray(N, dtype=float)
-    flowing = np.asarray(flowing, dtype=bool)[..., None]
-    N_final = np.asarray(N_final, dtype=float)
-    paced = paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True, target=target))
-    tau = np.where(flowing, paced, np.asarray(tau, dtype=float))
-    do_round = (~flowing[..., 0]) & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
-    # the shortfall's bisections only where a closed chunk plans a round now
-    D = shortfall_round(round_labels, N, n, h, q, delta, confidence, np.asarray(closed, dtype=bool) & do_round,
-                        target, variance_ratio)
+    D = shortfall_round(round_labels, N, n, h, q, delta, confidence, closed, target, variance_ratio)
     scale = spread_scale
     if not (target is None or target.is_precision):  # the metrics' gradients, on the residual spread if given
         scale = allocation_scale(target.metrics, N, n, h, target.positive) * (1.0 if spread_scale is None
                                                                               else np.asarray(spread_scale))
     want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale)
-    want = np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target, variance_ratio))
-    return tau, np.where(do_round[..., None], want, 0)
+    return np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target, variance_ratio))
 
 
 def catch_up(N, n, h, q, delta: float, confidence: float, closed=False, target=None,

@@ -1,7 +1,7 @@
 """`streams.labels_to_reach` and `streams.shortfall_round` against their definition.
 
 The service's and the simulations' versions evaluate the closed chunk's interval of precision
-inline (`streams._ClosedWidths`: the per-stratum parts that do not depend on the added labels
+inline (`widths.ClosedWidths`: the per-stratum parts that do not depend on the added labels
 computed once per call, both forecasts of a round and today's width in one evaluation).  The
 reference below is the search as it was first written, one `streams.chunk_interval` per pass
 and forecast; the two must agree exactly (not approximately: the simulations' results must not
