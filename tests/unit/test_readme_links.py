@@ -33,29 +33,28 @@ def _headings(text: str) -> list[str]:
 def github_anchors(text: str) -> set[str]:
     """The anchors GitHub gives a Markdown file's headings: lower-cased, punctuation but ``-`` and
     ``_`` dropped, spaces as ``-``, a repeated one suffixed ``-1``, ``-2``...; fenced code skipped."""
-    anchors: set[str] = set()
-    for heading in _headings(text):
-        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
-        anchor, n = slug, 0
-        while anchor in anchors:
-            n += 1
-            anchor = f"{slug}-{n}"
-        anchors.add(anchor)
-    return anchors
+    return _unique((re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in _headings(text)), "-")
 
 
 def mkdocs_anchors(text: str) -> set[str]:
     """The anchors MkDocs (Python-Markdown's toc ``slugify``) gives the headings: code spans unwrapped,
     ASCII only, punctuation but ``-`` and ``_`` dropped, runs of spaces and ``-`` as one ``-``; a
     repeated one suffixed ``_1``, ``_2``..."""
-    anchors: set[str] = set()
-    for heading in _headings(text):
+    def slug(heading: str) -> str:
         value = unicodedata.normalize("NFKD", re.sub(r"`([^`]*)`", r"\1", heading)).encode("ascii", "ignore").decode()
-        slug = re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", value).strip().lower())
+        return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", value).strip().lower())
+
+    return _unique((slug(heading) for heading in _headings(text)), "_")
+
+
+def _unique(slugs, sep: str) -> set[str]:
+    """The anchors of `slugs` in order, a repeated one suffixed `sep` 1, `sep` 2, ..."""
+    anchors: set[str] = set()
+    for slug in slugs:
         anchor, n = slug, 0
         while anchor in anchors:
             n += 1
-            anchor = f"{slug}_{n}"
+            anchor = f"{slug}{sep}{n}"
         anchors.add(anchor)
     return anchors
 
