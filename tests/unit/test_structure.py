@@ -1,11 +1,9 @@
 """The product's structure, held so it does not grow back (as `test_product_imports` holds its imports):
 
-* module size: no product module (service/**, schemas/**) over `MAX_MODULE_LINES` lines, but those in
-  `OVER_400`, each at most its ceiling (today's size), listed only while still over;
+* module size: no product module (service/**, schemas/**) over `MAX_MODULE_LINES` lines (issue 48 left
+  none over, so there is no list of exceptions to shrink);
 * function size: no function or method over `MAX_FUNCTION_LINES` lines (``def`` to the end of its
-  body) unless its docstring gives the reason in a sentence starting "Long because", but those in
-  `LONG_FUNCTIONS` (in files their owners are splitting), each at most its ceiling, listed only while
-  still over;
+  body) unless its docstring gives the reason in a sentence starting "Long because";
 * layering: `service/stats/` imports no other stratameter package and no I/O library; every import of
   one stratameter package by another is an edge of `ALLOWED` (the structure of today, every edge
   used), which only goes down `LAYERS`; no cycle between packages;
@@ -24,7 +22,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 
 from tests.product_modules import ROOT, imports, product_modules, relative
 
@@ -32,16 +29,6 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 MIN_SIMILARITY_LINES = 6
 MAX_DUPLICATE_PAIRS = 5
-
-#: Product modules allowed over `MAX_MODULE_LINES`: path -> (ceiling, reason).  The ceiling is the
-#: module's size when it was listed: it may shrink, never grow; once it is at or under the bar its
-#: entry must go, so the list only shrinks (empty: every module is within the bar).  The one entry
-#: the bar would allow is the fast-path score decoder, up to 500 lines with its reason in its docstring.
-OVER_400: dict[str, tuple[int, str]] = {}
-
-#: Functions over `MAX_FUNCTION_LINES` without a "Long because" reason: "path:qualname" -> (ceiling,
-#: reason); the same only-shrinks rule as `OVER_400`.
-LONG_FUNCTIONS: dict[str, tuple[int, str]] = {}
 
 #: A docstring sentence that gives a long function's reason.
 LONG_BECAUSE = re.compile(r"(?:^|[.!?:;]\s+|\n\s*)Long because\b")
@@ -158,44 +145,19 @@ def _package_imports() -> dict[tuple[str, str], list[str]]:
 # ----------------------------------------------------------------------------- module size
 
 
-def test_no_module_over_400_lines_but_the_listed_ones():
+def test_no_module_over_400_lines():
     sizes = {relative(p): _lines(p) for p in product_modules()}
-    over = {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES and p not in OVER_400}
+    over = {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES}
     assert not over, f"over {MAX_MODULE_LINES} lines (split it by responsibility): {over}"
-
-
-@pytest.mark.parametrize("path", sorted(OVER_400))
-def test_a_listed_module_only_shrinks(path):
-    ceiling, reason = OVER_400[path]
-    assert reason
-    assert (ROOT / path).exists(), f"{path} is gone: remove it from OVER_400"
-    lines = _lines(ROOT / path)
-    assert lines <= ceiling, f"{path} grew to {lines} lines, over its ceiling {ceiling} ({reason})"
-    assert lines > MAX_MODULE_LINES, f"{path} is down to {lines} lines: remove it from OVER_400"
 
 
 # ----------------------------------------------------------------------------- function size
 
 
 def test_no_long_function_without_its_reason():
-    unexplained = {name: lines for name, (lines, reason) in _long_functions().items()
-                   if not reason and name not in LONG_FUNCTIONS}
+    unexplained = {name: lines for name, (lines, reason) in _long_functions().items() if not reason}
     assert not unexplained, (f"functions over {MAX_FUNCTION_LINES} lines (shorten them, or give the reason in "
                              f"their docstring in a sentence starting 'Long because'): {unexplained}")
-
-
-@pytest.mark.parametrize("name", sorted(LONG_FUNCTIONS))
-def test_a_listed_function_only_shrinks(name):
-    ceiling, reason = LONG_FUNCTIONS[name]
-    assert reason
-    found = _long_functions()
-    path, qualname = name.split(":")
-    assert (ROOT / path).exists(), f"{path} is gone: remove {name} from LONG_FUNCTIONS"
-    defined = {n for n, _ in _functions(ast.parse((ROOT / path).read_text(encoding="utf-8")))}
-    assert qualname in defined, f"{name} is gone: remove it from LONG_FUNCTIONS"
-    assert name in found, f"{name} is down to {MAX_FUNCTION_LINES} lines or less: remove it from LONG_FUNCTIONS"
-    lines = found[name][0]
-    assert lines <= ceiling, f"{name} grew to {lines} lines, over its ceiling {ceiling} ({reason})"
 
 
 def test_the_reason_sentence_is_recognised():
