@@ -28,11 +28,16 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def kafka_startup_error(settings: Settings, exc: KafkaError) -> StartupError:
-    """The `StartupError` of a Kafka client that could not start: where it connected, how
-    (security protocol, SASL mechanism and user; never the password) and aiokafka's reason."""
+def kafka_startup_reason(settings: Settings, exc: KafkaError) -> str:
+    """Why a Kafka client could not start: where it connected, how (security protocol, SASL
+    mechanism and user; never the password) and aiokafka's reason."""
     s = settings
     how = s.kafka_security_protocol + (f" with SASL {s.kafka_sasl_mechanism} as user {s.kafka_sasl_username!r}"
                                        if s.kafka_security_protocol.startswith("SASL_") else "")
-    return StartupError(f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
-                        "the aiokafka log line above has the broker's answer")
+    return (f"cannot connect to Kafka at {s.kafka_bootstrap_servers} ({how}): {describe(exc)}; "
+            "the aiokafka log line above has the broker's answer")
+
+
+def kafka_startup_error(settings: Settings, exc: KafkaError) -> StartupError:
+    """The `StartupError` of a Kafka client that could not start (`kafka_startup_reason`)."""
+    return StartupError(kafka_startup_reason(settings, exc))

@@ -11,8 +11,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 
 from ..config import Settings
-from ..errors import kafka_startup_error
+from ..errors import kafka_startup_reason
 from .group import leave_group_on_stop
+from .patience import Unreachable
 from .records import install as install_own_records, own_records
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,8 @@ class KafkaClients:
         self.consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
-        """Start both clients.  Raises `StartupError` when Kafka cannot be bootstrapped
-        (`stop` still closes whatever was created)."""
+        """Start both clients.  Raises `patience.Unreachable` when Kafka cannot be bootstrapped,
+        having closed whatever was created (so it can be called again)."""
         s = self.settings
         kafka = s.kafka_client_kwargs()
         try:
@@ -68,7 +69,9 @@ class KafkaClients:
             self.consumer.subscribe([s.topic_scores, s.topic_labels], listener=self.listener)
             await self.consumer.start()
         except KafkaError as exc:
-            raise kafka_startup_error(s, exc) from None
+            await self.stop()
+            self.consumer = self.producer = None
+            raise Unreachable(kafka_startup_reason(s, exc)) from None
 
     async def poll(self, max_records: int, timeout_ms: int) -> dict:
         """One poll of at most `max_records`, the labels partitions first.

@@ -45,6 +45,10 @@ async def run_until_stopped(process, settings: Settings, serve, http_setting: st
         server.close()
         await process.stop()
         return 1
+    if process.stopping.is_set():  # told to stop while start-up still waited for a backend
+        server.close()
+        await process.stop()
+        return 0
     message, extra = started()
     logger.info(message, extra={**extra, "settings": settings.safe_dict()})
     tasks = process.spawn()

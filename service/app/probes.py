@@ -26,6 +26,7 @@ from ..state.keys import Keys
 from ..state.registry import Registry
 from .failures import describe_outage
 from .lifecycle import pause
+from .patience import Unreachable, until_reachable
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +119,17 @@ async def check_chunk_seconds(registry: Registry, settings: Settings) -> None:
             f"keep {stored}, or give the new length a key prefix of its own (its state starts empty)")
 
 
-async def once_redis_answers(call: Callable[[], Awaitable], stopping: asyncio.Event):
-    """``await call()`` once Redis answers, trying every `PROBE_INTERVAL_S` until then (its result,
-    or None if `stopping` is set first).  A `StartupError` it raises is raised."""
-    while not stopping.is_set():
+async def once_redis_answers(call: Callable[[], Awaitable], settings: Settings, stopping: asyncio.Event):
+    """``await call()`` once Redis answers (its result, or None if `stopping` is set first), retrying
+    by `patience.until_reachable`: with backoff, for at most ``STRATAMETER_STARTUP_TIMEOUT_SECONDS``,
+    then a `StartupError`.  A `StartupError` `call` raises is raised at once."""
+
+    async def attempt():
         try:
             return await call()
         except StartupError:
             raise
-        except Exception:  # noqa: BLE001 - Redis still down: readiness says so
-            await pause(stopping, PROBE_INTERVAL_S)
-    return None
+        except Exception as exc:  # noqa: BLE001 - Redis still down: readiness says so meanwhile
+            raise Unreachable(f"Redis at {mask_url(settings.redis_url)}: {describe(exc)}") from None
+
+    return await until_reachable(attempt, "Redis", settings.startup_timeout_seconds, stopping)

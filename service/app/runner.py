@@ -30,6 +30,7 @@ from .consumer import KafkaClients, Rebalance
 from .deadletters import DeadLetters
 from .failures import ClassifierFailures
 from .ownership import GLOBAL_SERIES_OWNER, LEASE_MS, Leases
+from .patience import until_reachable
 from .pipeline import Pipeline
 from .probes import Health, check_chunk_seconds, check_redis, once_redis_answers, probe_redis
 from .request_task import RequestTask
@@ -112,14 +113,20 @@ class Service:
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         """Connect to Redis and Kafka.  Raises `StartupError` (a message without secrets) when Redis
-        rejects the credentials or holds state of another chunk length, or Kafka cannot be
-        bootstrapped; Redis being merely down is reported by readiness instead (`_once_checked`).
-        Then `_start_checks`, if Redis answered."""
+        rejects the credentials or holds state of another chunk length, or Kafka does not answer
+        within ``STRATAMETER_STARTUP_TIMEOUT_SECONDS`` (`patience`: retried with backoff meanwhile);
+        Redis being merely down is waited for by the loops that need it (`_once_checked`, the same
+        rule).  Then `_start_checks`, if Redis answered; nothing more if `stopping` was set first."""
         tune_gc()
         answered = await check_redis(self.redis, self.settings)
-        await self.kafka.start()
-        if answered:
+        started = await until_reachable(self._start_kafka, "Kafka", self.settings.startup_timeout_seconds,
+                                        self.stopping)
+        if started and answered:
             await self._start_checks()
+
+    async def _start_kafka(self) -> bool:
+        await self.kafka.start()
+        return True
 
     def spawn(self, requests: bool = True) -> list[asyncio.Task]:
         """Start the service's loops as tasks (after `start()`); they end when `stopping` is set.
@@ -151,7 +158,7 @@ class Service:
         service stops first."""
         async with self._checking:
             if not self._started_checks:
-                if await once_redis_answers(self._note_settings, self.stopping) is None:  # stopping
+                if await once_redis_answers(self._note_settings, self.settings, self.stopping) is None:  # stopping
                     return False
                 await self.state_watch.check_at_start()
                 self._started_checks = True

@@ -152,6 +152,8 @@ class Settings(ClientOptions, BaseSettings):
     # the most a poll takes; polls are sized to the ingest rate (app.pipeline.PollSize), from 5,000 up
     batch_max_records: AtLeast1 = 20_000
     dead_letter_max_per_second: Annotated[float, check(positive)] = 1000.0
+    # start-up retries an unreachable Kafka or Redis with backoff this long (/readyz 503), then exits 1; 0: one try
+    startup_timeout_seconds: Annotated[int, in_range(0)] = 300
     log_level: Annotated[str, one_of(LOG_LEVELS, str.upper)] = "INFO"
     instance_id: Annotated[str, name_chars("the id")] = Field(default_factory=_default_instance_id)
     classifiers_config_file: Path | None = None

@@ -303,7 +303,7 @@ async def test_kafka_wrong_password_fails_start_clearly(mechanism, tls_files, re
         settings = load_settings(_env(
             kafka_bootstrap_servers=proxy.bootstrap, kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism=mechanism,
             kafka_sasl_username=KAFKA_USER, kafka_sasl_password="not-" + KAFKA_SECRET,
-            kafka_ssl_cafile=str(tls_files.ca), redis_url=redis_url))
+            kafka_ssl_cafile=str(tls_files.ca), redis_url=redis_url, startup_timeout_seconds="0"))
         service = Service(settings)
         with pytest.raises(StartupError) as info:
             await service.start()
@@ -320,7 +320,8 @@ async def test_kafka_wrong_password_fails_start_clearly(mechanism, tls_files, re
 async def test_kafka_tls_untrusted_server_certificate(tls_files, redis_url):
     async with secure_kafka(tls_files, tls=True, client_cert=False) as proxy:
         settings = load_settings(_env(kafka_bootstrap_servers=proxy.bootstrap, kafka_security_protocol="SSL",
-                                      kafka_ssl_cafile=str(tls_files.other_ca), redis_url=redis_url))
+                                      kafka_ssl_cafile=str(tls_files.other_ca), redis_url=redis_url,
+                                      startup_timeout_seconds="0"))
         service = Service(settings)
         with pytest.raises(StartupError, match=r"cannot connect to Kafka at .* \(SSL\)"):
             await service.start()
