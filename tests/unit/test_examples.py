@@ -1,4 +1,6 @@
-"""The tutorial's example scripts under examples/ read the files they say they read."""
+"""The tutorial's files under examples/: each setting of the trial configuration (trial.env) is explained
+and valid, and the example scripts read the files they say they read.  `tests/system/test_trial.py`
+runs them."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from stratameter.config import load_settings
+from stratameter.config.settings import Settings
+from tests.harness import TRIAL_ENV, trial_settings
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,6 +23,19 @@ def _example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_every_trial_setting_is_explained_valid_and_not_the_default():
+    lines = TRIAL_ENV.read_text().splitlines()
+    settings = trial_settings()
+    assert settings
+    for i, line in enumerate(lines):
+        if line.startswith("STRATAMETER_"):
+            assert lines[i - 1].startswith(("#", "STRATAMETER_")), f"no comment explains {line}"
+    loaded = load_settings({f"STRATAMETER_{k}": v for k, v in settings.items()})
+    for name in settings:
+        field = name.lower()
+        assert getattr(loaded, field) != Settings.model_fields[field].default, f"{name} is the default"
 
 
 def test_the_producer_reads_csv_and_jsonl(tmp_path):
