@@ -1,10 +1,11 @@
-"""The tutorial's files under examples/: each setting of the trial configuration (trial.env) is explained
-and valid, and the example scripts read the files they say they read.  `tests/system/test_trial.py`
-runs them."""
+"""The tutorial's files under examples/ (docs/getting-started/your-own-producer.md): the trial block the
+page shows is examples/trial.env as it is, each of its settings is explained and valid, and the
+example scripts read the files they say they read.  `tests/system/test_trial.py` runs them."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from stratameter.config.settings import Settings
 from tests.harness import TRIAL_ENV, trial_settings
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "getting-started" / "your-own-producer.md"
 
 
 def _example(name: str):
@@ -23,6 +25,11 @@ def _example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_page_shows_the_trial_block_as_it_is():
+    blocks = re.findall(r"<!-- trial: examples/trial.env -->\n```sh\n(.*?)```", PAGE.read_text(), re.S)
+    assert blocks == [TRIAL_ENV.read_text()], "copy examples/trial.env into the page's trial block"
 
 
 def test_every_trial_setting_is_explained_valid_and_not_the_default():
@@ -73,3 +80,16 @@ def test_the_scripts_explain_their_options(name):
     run = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py"), "--help"], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 0 and "--bootstrap" in run.stdout, run.stderr
+
+
+def test_the_page_quotes_the_scripts_as_they_are():
+    """Each ```python block after ``<!-- excerpt: examples/<script> -->`` is the script's lines, abridged:
+    every line of it is one of the script's (indentation aside), in the script's order."""
+    excerpts = re.findall(r"<!-- excerpt: (examples/\S+) -->\n```python\n(.*?)```", PAGE.read_text(), re.S)
+    assert sorted(path for path, _ in excerpts) == ["examples/producer.py", "examples/reviewer.py"]
+    for path, body in excerpts:
+        script = [line.strip() for line in (ROOT / path).read_text().splitlines()]
+        at = 0
+        for line in filter(None, (line.strip() for line in body.splitlines())):
+            assert line in script[at:], f"{path} has no line {line!r} (after line {at})"
+            at = script.index(line, at) + 1
