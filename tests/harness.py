@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaProducer
@@ -77,6 +78,22 @@ async def running_service(kafka_bootstrap: str, redis_url: str, unique_name, ser
     env = service_env(service_bootstrap or kafka_bootstrap, redis_url, topics, unique_name, **settings)
     async with serving_env(env, kafka_bootstrap) as run:
         yield run
+
+
+#: The trial configuration a user sources before `stratameter run` (docs/getting-started/your-own-producer.md).
+TRIAL_ENV = Path(__file__).resolve().parents[1] / "examples" / "trial.env"
+
+
+def trial_settings() -> dict[str, str]:
+    """The settings of examples/trial.env (STRATAMETER_ names without the prefix, as `service_env` takes
+    them): its ``STRATAMETER_NAME=value`` lines; the others are comments or blank."""
+    out = {}
+    for line in TRIAL_ENV.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, value = line.partition("=")
+            assert name.startswith("STRATAMETER_") and value and " " not in value, f"trial.env: {line!r}"
+            out[name.removeprefix("STRATAMETER_")] = value
+    return out
 
 
 def service_env(kafka_bootstrap: str, redis_url: str, topics: dict[str, str], unique_name, **settings: str) -> dict:
