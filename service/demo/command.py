@@ -59,7 +59,7 @@ def main(args) -> int:
     from ..embedded import BackendError
     from .launch import DemoError
     from .orchestra import Demo
-    from .view import summary_table
+    from .screen import summary
 
     opts = _options(args)
     if opts is None:
@@ -98,7 +98,9 @@ def main(args) -> int:
         sys.stdout.flush()
     else:
         title = "summary" + (f" (stopped by {demo.signal_name})" if demo.signal_name else "")
-        Console(highlight=False).print(summary_table(rows, demo.docs, opts.confidence, title))
+        console = Console(highlight=False)
+        console.print()
+        console.print(summary(demo, title))
     return 0
 
 
