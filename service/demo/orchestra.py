@@ -32,7 +32,7 @@ from ..api.client import http_get
 from ..config import ConfigError, load_settings
 from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, start_group_consumer
 from . import screen, view
-from .launch import DemoError, ServiceProcess, service_env, start_embedded
+from .launch import DemoError, ServiceProcess, close_keeping_log, service_env, start_embedded
 from .options import DemoOptions
 from .scenarios import SCENARIOS, THRESHOLD, GroundTruth, chunk_of
 
@@ -161,7 +161,8 @@ class Demo:
     async def _start_traffic(self, settings) -> list[asyncio.Task]:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
         self.err.print(f"status page: http://127.0.0.1:{self.port}/   metrics: {self.metrics_url}\n"
-                       f"JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>\nservice log: {self.service_log}")
+                       f"JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>\nservice log: {self.service_log}"
+                       + ("" if self.opts.keep_logs else "\n(the logs are deleted on exit: --keep-logs keeps them)"))
         if self.label_studio is not None:
             ls = self.label_studio
             self.err.print(f"Label Studio: {ls.url}   login {ls.user} / {ls.password}   project "
@@ -185,14 +186,18 @@ class Demo:
         processes = [p.stop() for p in (self.bridge, self.service) if p is not None]
         stopped = await asyncio.gather(*clients, *processes, return_exceptions=True)
         backends = (self.label_studio, self.redis, self.kafka)
-        stopped += await asyncio.gather(*(asyncio.to_thread(b.close) for b in backends if b is not None),
-                                        return_exceptions=True)
+        keep = self.workdir if self.opts.keep_logs else None
+        stopped += await asyncio.gather(*(asyncio.to_thread(close_keeping_log, b, keep) for b in backends
+                                          if b is not None), return_exceptions=True)
         failures = [str(e) or repr(e) for e in stopped if isinstance(e, BaseException)]
         took = time.monotonic() - started
         if failures or took > 10:
             self.err.print(f"stopping took {took:.1f}s" + (f"; not stopped cleanly: {', '.join(failures)}"
                                                             if failures else ""))
-        if not any(p is not None and p.failed for p in (self.service, self.bridge)):  # kept when one failed
+        if self.opts.keep_logs:
+            logs = ", ".join(sorted(log.name for log in self.workdir.glob("*.log")))
+            self.err.print(f"logs kept in {self.workdir}:\n  {logs}")
+        elif not any(p is not None and p.failed for p in (self.service, self.bridge)):  # kept when one failed
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- the phases -------------------------------------------------------------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,8 +186,11 @@ def test_demo_estimates_cover_truth_with_fewer_labels_than_random(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_demo_stops_everything_on_signal(tmp_path, sig):
+    """...and deletes its logs, unless `--keep-logs` (the SIGTERM run): then the service's and the
+    backends' logs are in the folder it names at the end."""
     marker = uuid.uuid4().hex
-    proc, out, err = _start(["--json"], marker, tmp_path)
+    keep = sig == signal.SIGTERM
+    proc, out, err = _start(["--json"] + (["--keep-logs"] if keep else []), marker, tmp_path)
     try:
         deadline = time.monotonic() + 60
         while "metrics:" not in (tmp_path / "stderr").read_text(errors="replace"):
@@ -207,6 +212,15 @@ def test_demo_stops_everything_on_signal(tmp_path, sig):
     assert not (left := _wait_gone(seen, marker)), f"processes left running: {left}"
     summary = json.loads((tmp_path / "stdout").read_text().strip().splitlines()[-1])
     assert {r["classifier"] for r in summary["classifiers"]} == {s.classifier for s in SCENARIOS}
+    stderr = (tmp_path / "stderr").read_text(errors="replace")
+    service_log = Path(re.search(r"service log: (\S+)", stderr).group(1))
+    kept = re.search(r"logs kept in (\S+):", stderr)
+    assert bool(kept) == keep and service_log.exists() == keep, stderr
+    if keep:
+        folder = Path(kept.group(1))
+        assert {p.name for p in folder.glob("*.log")} == {"service.log", "tansu-broker.log", "redis.log"}
+        assert service_log.parent == folder and service_log.stat().st_size > 0  # the service wrote to it
+        shutil.rmtree(folder)
 
 
 def test_live_view_fits_an_80_column_terminal_without_losing_a_number():
