@@ -23,7 +23,8 @@ import redis
 
 from stratameter.embedded import kafka_metadata
 
-pytestmark = pytest.mark.slow
+# one worker builds and installs the wheel once for the four tests (`make test`: --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What building the wheel reads: pyproject.toml names README.md (the long description) and the two folders.
