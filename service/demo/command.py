@@ -50,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "you, in a local Label Studio that `stratameter bridge label-studio` connects (Label Studio "
                         "installed in .venv-label-studio: `make label-studio`); its URL and login are printed, "
                         "requests wait an hour for an answer")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="keep the logs of the service, the backends and the bridge (in the demo's temporary "
+                        "folder, named at the end) instead of deleting them on exit")
     p.set_defaults(handler=main)
 
 
@@ -59,7 +62,7 @@ def main(args) -> int:
     from ..embedded import BackendError
     from .launch import DemoError
     from .orchestra import Demo
-    from .view import summary_table
+    from .screen import summary
 
     opts = _options(args)
     if opts is None:
@@ -98,7 +101,9 @@ def main(args) -> int:
         sys.stdout.flush()
     else:
         title = "summary" + (f" (stopped by {demo.signal_name})" if demo.signal_name else "")
-        Console(highlight=False).print(summary_table(rows, demo.docs, opts.confidence, title))
+        console = Console(highlight=False)
+        console.print()
+        console.print(summary(demo, title))
     return 0
 
 
@@ -124,7 +129,7 @@ def _options(args):
                        chunk_seconds=chunk_seconds, rate=args.rate, delta=args.delta,
                        confidence=args.confidence, strata=args.strata, settle=args.settle, seed=args.seed,
                        reviewers=args.reviewers, label_timeout=3600.0 if people else 30.0,
-                       round_labels=2 if people else 4)
+                       round_labels=2 if people else 4, keep_logs=args.keep_logs)
 
 
 def _raise_interrupt(signum, frame):

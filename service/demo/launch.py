@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +30,16 @@ async def start_embedded(backend: Backend, what: str, err) -> Backend:
     await asyncio.to_thread(backend.start)
     err.print(f"started an embedded {what} on {backend.address}")
     return backend
+
+
+def close_keeping_log(backend, into: Path | None) -> None:
+    """Stop an embedded `backend` and delete its temporary folder, its log first copied into
+    `into` when given (`--keep-logs`)."""
+    if into is not None:
+        backend.stop()
+        with contextlib.suppress(OSError):
+            shutil.copy2(backend.log_path, into / backend.log_path.name)
+    backend.close()
 
 
 def service_env(opts: DemoOptions, bootstrap: str, redis_url: str, port: int, run_id: str, *,

@@ -25,3 +25,4 @@ class DemoOptions:
     seed: int | None = None
     reviewers: str = "simulated"  # or "label-studio": people label in a local Label Studio (the bridge)
     label_timeout: float = 30.0
+    keep_logs: bool = False  # keep the service's, the bridge's and the backends' logs after the run

