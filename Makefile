@@ -55,6 +55,7 @@ test-unit: venv
 
 demo: venv
 	$(VENV)/bin/stratameter demo
+	@echo "stratameter is installed in $(VENV): '. $(VENV)/bin/activate' puts it on PATH (stratameter --help)"
 
 clean-venv:
 	rm -rf $(VENV) $(LS_VENV)
