@@ -54,8 +54,8 @@ test-unit: venv
 	$(VENV)/bin/python -m pytest -q -n auto -m "unit and not slow and not integration and not system" tests/unit
 
 demo: venv
-	$(VENV)/bin/stratameter demo
 	@echo "stratameter is installed in $(VENV): '. $(VENV)/bin/activate' puts it on PATH (stratameter --help)"
+	$(VENV)/bin/stratameter demo
 
 clean-venv:
 	rm -rf $(VENV) $(LS_VENV)
