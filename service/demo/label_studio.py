@@ -11,11 +11,13 @@ CI's ``.ci/run`` does it).  `label_studio_binary` finds it: ``$STRATAMETER_LABEL
 user and legacy API token (`USER`, `PASSWORD`, `TOKEN`), webhooks to private addresses allowed (the
 bridge listens on localhost) and no calls home.  A fresh database costs about 30-50 s of migrations:
 the first start makes a migrated template (``label-studio init``) beside the binary's virtualenv
-(``stratameter-data-template``) and every start copies it, so later starts take about 5 s.
+(``stratameter-data-template``; concurrent first starts wait for one to make it) and every start
+copies it, so later starts take about 5 s.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -77,14 +79,24 @@ def _environment(data_dir: Path) -> dict[str, str]:
 
 def data_template(binary: str, timeout: float = 300.0) -> Path | None:
     """A migrated data dir with the preset user (``label-studio init``) kept beside the binary's
-    virtualenv, made on first use (atomically: concurrent first uses each make one, the first rename
-    wins).  None when that place is not writable."""
+    virtualenv, made on first use, once: concurrent first uses (the test workers, a demo) wait on a
+    lock for the one that makes it, each ``init`` being some 35 s of a busy machine's CPU.  None
+    when that place is not writable."""
     venv = Path(binary).resolve().parent.parent
     template = venv / TEMPLATE
     if (template / "label_studio.sqlite3").is_file():
         return template
     if not os.access(venv, os.W_OK):
         return None
+    with open(venv / f".{TEMPLATE}.lock", "wb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (template / "label_studio.sqlite3").is_file():
+            _make_template(binary, venv, template, timeout)
+    return template
+
+
+def _make_template(binary: str, venv: Path, template: Path, timeout: float) -> None:
+    """``label-studio init`` into a temp dir beside `template`, renamed to it once it succeeded."""
     work = Path(tempfile.mkdtemp(prefix=".template-", dir=venv))
     try:
         data = work / "data"
@@ -96,11 +108,7 @@ def data_template(binary: str, timeout: float = 300.0) -> Path | None:
         if code != 0 or not (data / "label_studio.sqlite3").is_file():
             raise BackendError(f"`label-studio init` failed (exit {code}):\n"
                                f"{(work / 'init.log').read_text(errors='replace')[-3000:]}")
-        try:
-            data.rename(template)
-        except OSError:  # another process made it first
-            pass
-        return template
+        data.rename(template)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
