@@ -4,9 +4,10 @@ Notation (Kumar & Raj, Sec. 3.2; Bennett & Carvalho 2010, Eq. 1): stratum
 ``k`` has ``N_k`` predicted-positive items (weight ``W_k = N_k / N``), ``n_k``
 of them labelled, ``h_k`` of those truly positive.  All functions take numpy
 arrays whose last axis is the stratum axis, so the simulator evaluates
-thousands of runs in one call and the service one classifier.  The moments of outcomes other
-than the counts (the difference estimator's, the ratio metrics'): `moments`; the labels a design
-knowing the true precisions would need: `oracle`.
+thousands of runs in one call and the service one classifier.  The arithmetic of the variance,
+the adaptive-bias correction and the Wilson interval, which the label forecasts' search shares
+(`widths`): `wilson`; the moments of outcomes other than the counts (the difference estimator's,
+the ratio metrics'): `moments`; the labels a design knowing the true precisions would need: `oracle`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,20 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import norm
+
+from .wilson import (
+    Draws,
+    Strata,
+    corrected_estimates,
+    design_effect,
+    guarded_variance,
+    mean_shifts,
+    mean_variances,
+    proportion_variances,
+    score_bounds,
+    weighted_sum,
+)
+from .wilson import STOPPING_VARIANCE_MARGIN, half_label_smoothed  # noqa: F401  (part of this module's interface)
 
 INTERVALS: tuple[str, ...] = ("wilson", "normal")
 
@@ -85,8 +100,7 @@ def stratum_variances(N, n, p, fpc: bool = True) -> np.ndarray:
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     p = np.asarray(p, dtype=float)
-    safe_n = np.maximum(n, 2.0)
-    return variance_of_mean(N, n, safe_n / (safe_n - 1.0) * p * (1.0 - p), fpc)
+    return proportion_variances(Strata(N), n, np.maximum(n, 2.0), p, 1.0 - p, fpc)
 
 
 def variance_of_mean(N, n, s2, fpc: bool = True) -> np.ndarray:
@@ -96,11 +110,7 @@ def variance_of_mean(N, n, s2, fpc: bool = True) -> np.ndarray:
     correction and the same infinities where a stratum has fewer than 2 labels."""
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
-    safe_n = np.maximum(n, 2.0)
-    f = np.where(N > 0, np.minimum(n, N - 1.0) / np.maximum(N, 1.0), 1.0) if fpc else 0.0
-    var = np.clip(1.0 - f, 0.0, 1.0) * s2 / safe_n
-    too_few = (n < 2) & (N > 0) & ~((N <= n) & fpc)  # a fully labelled stratum is exact
-    return np.where(N > 0, np.where(too_few, np.inf, var), 0.0)
+    return mean_variances(Strata(N), n, np.maximum(n, 2.0), s2, fpc)
 
 
 def stratified_variance(N, n, h, fpc: bool = True, p_var=None) -> np.ndarray:
@@ -114,10 +124,9 @@ def stratified_variance(N, n, h, fpc: bool = True, p_var=None) -> np.ndarray:
     fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
-    W = weights(N)
+    S = Strata(N, weights(N))
     p_k = h / np.maximum(n, 1.0) if p_var is None else np.asarray(p_var, dtype=float)
-    var_k = stratum_variances(N, n, p_k, fpc)
-    return np.sum(np.where(W > 0, W**2 * var_k, 0.0), axis=-1)
+    return weighted_sum(S, proportion_variances(S, n, np.maximum(n, 2.0), p_k, 1.0 - p_k, fpc))
 
 
 @dataclass(frozen=True)
@@ -192,20 +201,6 @@ def bennett_smoothed(n, h) -> np.ndarray:
     return (h + m / 2.0) / (n + m)
 
 
-def half_label_smoothed(n, h) -> np.ndarray:
-    """``(h + 1/2) / (n + 1)``: each stratum proportion shrunk half a label toward
-    1/2 (the Krichevsky-Trofimov / Jeffreys-posterior-mean estimate).
-
-    Used for the variance inside `wilson_interval` (a stratum whose few labels
-    all agree must not contribute zero variance, the reason Wilson beats Wald)
-    and, so that the allocation minimises exactly the variance the stopping
-    rule tests, for sigma_k in the default allocation ``opt_track``.
-    """
-    n = np.asarray(n, dtype=float)
-    h = np.asarray(h, dtype=float)
-    return (h + 0.5) / (n + 1.0)
-
-
 def adaptive_bias_corrected(N, n, h, var=None, fpc: bool = False, stop: bool = True) -> np.ndarray:
     """Stratified estimate with the first-order bias of data-dependent ``n_k`` removed.
 
@@ -237,21 +232,12 @@ def adaptive_bias_corrected(N, n, h, var=None, fpc: bool = False, stop: bool = T
     `stratified_estimate` stays the plain, unbiased-for-fixed-n estimator.
     """
     N, n, h = _as_counts(N, n, h)
-    W = weights(N)
-    if var is None:
-        var = stratified_variance(N, n, h, p_var=half_label_smoothed(n, h))
-    at_stop, now = _bias_corrected(N, n, h, W, var, fpc, stop)
+    S, D = Strata(N, weights(N)), Draws(n, h)
+    if var is None:  # `stratified_variance` at the half-label proportions
+        var = guarded_variance(S, D, True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at_stop, now = corrected_estimates(S, D, var if stop else None, fpc, not stop)
     return at_stop if stop else now
-
-
-def _bias_corrected(N, n, h, W, var, fpc: bool, stop: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
-    """`adaptive_bias_corrected` of counts already checked, with their weights `W`: (with the
-    stopping rule's term, None unless `stop`; without it), sharing what the two have in common."""
-    known = ~((n == 0) & (W > 0)).any(axis=-1)  # where `stratified_estimate` is defined (finite)
-    p_k = h / np.maximum(n, 1.0)
-    shifts = shifts_of_means(N, n, half_label_smoothed(n, h), p_k * (1.0 - p_k), W**2, var if stop else None, fpc)
-    return tuple(None if s is None else np.where(known, np.sum(W * np.clip(p_k + s, 0.0, 1.0), axis=-1), np.nan)
-                 for s in shifts)
 
 
 def adaptive_shift(N, n, h, g2, var, fpc: bool = False, stop: bool = True) -> np.ndarray:
@@ -265,8 +251,11 @@ def adaptive_shift(N, n, h, g2, var, fpc: bool = False, stop: bool = True) -> np
     gradient ``(dM/dp_k)^2`` for a linearised metric (`confusion`).  Without ``stop``, the
     allocation's term alone (``stop_k = 0``).
     """
-    p_k = h / np.maximum(n, 1.0)
-    return shift_of_means(N, n, half_label_smoothed(n, h), p_k * (1.0 - p_k), g2, var, fpc, stop)
+    N, n, h = (np.asarray(a, dtype=float) for a in (N, n, h))
+    D = Draws(n, h)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at_stop, now = mean_shifts(Strata(N), D, D.p * (1.0 - D.p), g2, var if stop else None, fpc, not stop)
+    return at_stop if stop else now
 
 
 def shift_of_means(N, n, pbar, spread, g2, var, fpc: bool = False, stop: bool = True) -> np.ndarray:
@@ -274,33 +263,18 @@ def shift_of_means(N, n, pbar, spread, g2, var, fpc: bool = False, stop: bool = 
     ``n``) variance ``spread`` of its draws: ``p (1 - p)`` for labels, the residual
     spread for the difference estimator (`difference`); the stopping rule's term only with
     ``stop``."""
-    at_stop, now = shifts_of_means(N, n, pbar, spread, g2, var if stop else None, fpc)
+    S, D = Strata(np.asarray(N, dtype=float)), Draws(np.asarray(n, dtype=float), pbar=pbar)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at_stop, now = mean_shifts(S, D, spread, g2, var if stop else None, fpc, not stop)
     return at_stop if stop else now
 
 
 def shifts_of_means(N, n, pbar, spread, g2, var, fpc: bool = False) -> tuple[np.ndarray | None, np.ndarray]:
     """`shift_of_means` with the stopping rule's term and without it, in one pass (the same
     numbers); with `var` None, (None, without it)."""
-    n = np.asarray(n, dtype=float)
-    var_k = spread / np.maximum(n, 1.0)
-    if fpc:
-        var_k = var_k * np.clip(1.0 - n / np.maximum(N, 1.0), 0.0, 1.0)
-    g = (1.0 - 2.0 * pbar) / (2.0 * pbar * (1.0 - pbar))
-    allocation = g * n / (n + 1.0)
-    if var is None:
-        return None, allocation * var_k
-    v = np.asarray(var, dtype=float)[..., None]
+    S, D = Strata(np.asarray(N, dtype=float)), Draws(np.asarray(n, dtype=float), pbar=pbar)
     with np.errstate(divide="ignore", invalid="ignore"):
-        stop_slope = np.where(np.isfinite(v) & (v > 0),
-                              g2 * (1.0 - 2.0 * pbar) / (np.maximum(n, 1.0) * v), 0.0)
-    return (allocation + stop_slope) * var_k, allocation * var_k
-
-
-#: Variance inflation of the default interval for the sequential stopping rule: the design
-#: stops the first time the *estimated* half-width is <= delta, so it stops preferentially where
-#: the variance is underestimated (first-passage selection, Anscombe 1952;
-#: docs/decisions/stopping-variance-margin.md).
-STOPPING_VARIANCE_MARGIN = 1.035
+        return mean_shifts(S, D, spread, g2, var, fpc)
 
 
 def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True, adaptive: bool = True) -> Interval:
@@ -336,13 +310,14 @@ def wilson_interval(N, n, h, confidence: float = 0.95, fpc: bool = True, adaptiv
     Returns NaN bounds (and the estimates) where a non-empty stratum has fewer than 2 labels.
     """
     N, n, h = _as_counts(N, n, h)
-    W = weights(N)
+    S, D = Strata(N, weights(N)), Draws(n, h)
     # stratified_variance at the half-label proportions, and both estimates: the counts checked once
-    var = np.sum(np.where(W > 0, W**2 * stratum_variances(N, n, half_label_smoothed(n, h), fpc), 0.0), axis=-1)
+    var = guarded_variance(S, D, fpc)
     if not adaptive:
         plain = stratified_estimate(N, n, h)
         return wilson_design_effect(plain, var, n.sum(axis=-1), z_value(confidence))
-    est, now = _bias_corrected(N, n, h, W, var, fpc)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        est, now = corrected_estimates(S, D, var, fpc)
     return wilson_design_effect(est, var, n.sum(axis=-1), z_value(confidence), now)
 
 
@@ -352,14 +327,9 @@ def wilson_design_effect(est, var, n_total, z: float, now=None) -> Interval:
     inflated by `STOPPING_VARIANCE_MARGIN`, ``n_eff = p (1 - p) / v`` (the labels when ``p`` is 0
     or 1, Korn & Graubard), the score interval around ``p = est``.  `now` is the estimate of a
     reading at any moment (`Interval.estimate`; default `est`)."""
-    se = np.sqrt(var)
-    var = var * STOPPING_VARIANCE_MARGIN
-    p = np.clip(est, 0.0, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        n_eff = np.where(var > 0, np.maximum(p * (1 - p), 1e-300) / var, np.inf)
-    n_eff = np.minimum(n_eff, np.where(np.isfinite(var), np.inf, 0.0))
-    n_eff = np.where((p <= 0) | (p >= 1), n_total, n_eff)
-    return wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se, now)
+        p, n_eff, ok = design_effect(est, var, n_total)
+    return wilson_score(p, n_eff, z, ok, est, np.sqrt(var), now)
 
 
 def wilson_score(p, n_eff, z: float, ok, est, se, now=None) -> Interval:
@@ -367,12 +337,7 @@ def wilson_score(p, n_eff, z: float, ok, est, se, now=None) -> Interval:
     the reported estimate and `est` as the estimate at the stop (`Interval`); NaN bounds where not
     `ok` or ``n_eff`` is not positive."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        z2n = z * z / n_eff
-        center = (p + z2n / 2.0) / (1.0 + z2n)
-        half = z / (1.0 + z2n) * np.sqrt(p * (1 - p) / n_eff + z2n / (4.0 * n_eff))
-    ok = ok & (n_eff > 0)
-    lower = np.where(ok, np.clip(center - half, 0.0, 1.0), np.nan)
-    upper = np.where(ok, np.clip(center + half, 0.0, 1.0), np.nan)
+        lower, upper, ok = score_bounds(p, n_eff, z, ok)
     est = np.asarray(est, dtype=float)
     if now is None:
         return Interval(est, lower, upper, se, est)

@@ -197,9 +197,10 @@ def labels_to_reach(N, n, h, delta: float, confidence: float, p=None, passes: in
     the bracket at once (one vectorised interval instead of one per bisection step): 4 x 32
     narrow the bracket by 2^20, as twenty bisections, in a sixth of their time (the request
     loop runs it twice per round of a closed chunk).  For precision the interval is evaluated
-    by `ClosedWidths` (the same numbers as `chunk_interval`, its per-stratum constants once
-    per call, today's width with the first pass): 1.43 -> 0.51 ms a call on steep's four
-    strata, and `shortfall_round` (both forecasts in one search) 2.86 -> 0.60 ms."""
+    by `ClosedWidths` (`chunk_interval`'s own functions, `wilson`, on all the factors at once,
+    its per-stratum constants once per call, today's width with the first pass): 1.43 -> 0.51
+    ms a call on steep's four strata, and `shortfall_round` (both forecasts in one search) 2.86
+    -> 0.60 ms."""
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
     h = np.asarray(h, dtype=float)

@@ -1,8 +1,9 @@
 """`streams.labels_to_reach` and `streams.shortfall_round` against their definition.
 
 The service's and the simulations' versions evaluate the closed chunk's interval of precision
-inline (`widths.ClosedWidths`: the per-stratum parts that do not depend on the added labels
-computed once per call, both forecasts of a round and today's width in one evaluation).  The
+at all the factors of a pass at once (`widths.ClosedWidths`: the interval's own functions,
+`wilson`, with the per-stratum parts that do not depend on the added labels computed once per
+call, both forecasts of a round and today's width in one evaluation).  The
 reference below is the search as it was first written, one `streams.chunk_interval` per pass
 and forecast; the two must agree exactly (not approximately: the simulations' results must not
 move) on random chunks, including the edge cases of the interval (empty strata, strata with
@@ -171,7 +172,7 @@ def test_labels_to_reach_refuses_proportions_above_one_where_labels_are():
 @pytest.mark.slow
 def test_shortfall_round_with_a_target_equals_its_definition():
     """Recall, F1 and accuracy keep the generic search (`chunk_interval` with the target); a
-    precision-only `Target` takes the inline one."""
+    precision-only `Target` takes `widths.ClosedWidths`."""
     from stratameter.stats.confusion import Target
 
     rng = np.random.default_rng(7)
