@@ -3,7 +3,7 @@
 #                (re-installs only when pyproject.toml is newer than the stamp)
 #   make label-studio - create .venv-label-studio with Label Studio (the bridge's tests and
 #                demo; pinned in service/demo/label_studio.py; re-installs when that file is newer)
-#   make test  - run the whole test suite, one pytest-xdist worker per core (creates both virtualenvs first)
+#   make test  - run the whole test suite, two pytest-xdist workers per core (creates both virtualenvs first)
 #   make test-unit - the fast loop: tests/unit without the slow simulations (no broker, Redis or Label Studio)
 #   make demo  - run the end-to-end demo (embedded broker + Redis)
 
@@ -47,8 +47,12 @@ $(LS_STAMP): service/demo/label_studio.py
 	rm -rf $(LS_VENV)/stratameter-data-template  # the migrated database the tests copy: made again on first use
 	@touch $(LS_STAMP)
 
+# Two workers a core: the suite mostly waits (on brokers, services and streams sent over time; it used
+# a third of two cores), docs/decisions/test-workers.md.  `make test TEST_WORKERS=auto`: one a core.
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
+
 test: venv label-studio
-	$(VENV)/bin/python -m pytest -q -n auto --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-unit: venv
 	$(VENV)/bin/python -m pytest -q -n auto -m "unit and not slow and not integration and not system" tests/unit
