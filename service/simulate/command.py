@@ -16,7 +16,7 @@ from ..stats.strata import STRATIFICATIONS
 from . import stream_command
 from .arrivals import SCENARIOS
 from .engine import Protocol
-from .options import STATIC_DELTA, STREAM_DELTA, check_common, check_stream, parse_list
+from .options import DEFAULT_DELTA, check_common, check_stream, parse_list
 from .populations import BUILTIN, above, builtin, load
 from .whole_populations import WHOLE_BUILTIN, whole_builtin
 from .budget import budget_table
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", type=int, default=1000,
                    help="independent runs per design (default 1000; the coverage's s.e. is about 0.007 at 1000)")
     p.add_argument("--delta", type=float, default=None,
-                   help=f"target half-width (default {STATIC_DELTA}; {STREAM_DELTA} with --stream, the service's DELTA)")
+                   help=f"target half-width (default {DEFAULT_DELTA}, the service's DELTA)")
     p.add_argument("--alpha", type=float, default=None, help="1 - confidence (default 0.05)")
     p.add_argument("--confidence", type=float, default=None, help="confidence level (default 0.95 = 1 - alpha)")
     p.add_argument("--strata", type=int, default=4,

@@ -8,8 +8,8 @@ import math
 from .arrivals import SCENARIOS
 from .budget import parse_budgets
 
-STATIC_DELTA = 0.01
-STREAM_DELTA = 0.02  # the service's DELTA
+#: `--delta`'s default: the service's DELTA (`config.Settings`; tests/unit/test_simulate_cli.py holds them equal)
+DEFAULT_DELTA = 0.02
 #: The options of the stream study alone (`--stream`).
 STREAM_ONLY = ("scenario", "chunk_seconds", "rate", "review_delay", "skip_rate", "lateness", "max_labels_per_hour")
 
@@ -33,7 +33,7 @@ def check_common(args) -> None:
     if args.runs < 2:
         raise ValueError("--runs must be >= 2")
     if args.delta is None:
-        args.delta = STREAM_DELTA if args.stream else STATIC_DELTA
+        args.delta = DEFAULT_DELTA
     if not 0 < args.delta < 0.5:
         raise ValueError("--delta must be in (0, 0.5)")
     if args.alpha is not None and args.confidence is not None:

@@ -380,3 +380,10 @@ def test_stream_drift_needs_a_precision_above_the_drop(tmp_path, capsys):
     assert main(["simulate", "--stream", "--population", str(path), "--scenario", "slow,drift", "--runs", "3"]) == 2
     err = capsys.readouterr().err
     assert "--scenario drift" in err and "0.100" in err
+
+
+def test_simulate_targets_the_services_default_delta():
+    from stratameter.config.settings import Settings
+    from stratameter.simulate.options import DEFAULT_DELTA
+
+    assert DEFAULT_DELTA == Settings.model_fields["delta"].default
