@@ -159,7 +159,7 @@ def test_a_drop_study_covers_and_is_unbiased():
     interval, docs/development/label-efficiency.md): 0.925 is three s.e. under it, while an
     interval of the wrong chunk (its truth off by the drop) or read from the wrong moment would
     cover far less (half the chunks are dropped: a truth an hour off misses by 0.05 there).  The
-    window is conservative while open (no finite population correction), so it must cover at least
+    window (at most six chunks here, open: no finite population correction) must cover at least
     0.93, five s.e. under nominal.  Bias within 0.003 plus 3 clustered s.e. (about 0.004): the
     estimator's own first-order bias is removed (`estimator.adaptive_bias_corrected`), what is left is
     an order smaller, while a window pooling the wrong chunks around the drop is off by 0.05 / 6 per
