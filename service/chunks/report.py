@@ -111,7 +111,10 @@ def chunk_report(columns: StrataColumns, metrics, confidence: float, closed: boo
     open chunk's population still grows: none).  `calibration`: per metric, the difference
     estimator's `Calibrated` (computed with the same correction); its interval replaces the plain
     one where it is active.  `negatives_complete` False: the metrics that need the predicted
-    negatives are undefined; not `complete`: every metric is."""
+    negatives are undefined; not `complete`: every metric is.  `columns` may carry a leading axis
+    of rows (``N``, ``n``, ``h`` of shape (rows, strata), ``positive`` (strata,)): the intervals are
+    then per row (`stats.confusion.metric_interval` is), a metric is populated where it is in every
+    row (what `simulate --stream --chunks` reads many windows at once with)."""
     metrics = tuple(metrics)
     N, n, h, positive = columns.N, columns.n, columns.h, columns.positive
     calibration = dict(calibration or {})
@@ -130,7 +133,7 @@ def chunk_report(columns: StrataColumns, metrics, confidence: float, closed: boo
         pos = positive.astype(bool)
         precision = confusion.metric_interval("precision", N[pos], n[pos], h[pos], positive[pos], confidence,
                                               fpc=closed)
-    populated = tuple(m for m in metrics if confusion.population(m, N, positive) > 0)
+    populated = tuple(m for m in metrics if np.all(confusion.population(m, N, positive) > 0))
     return ChunkReport(intervals, precision, populated, bool(closed), calibration)
 
 

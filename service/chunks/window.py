@@ -59,21 +59,29 @@ class WindowReport:
 
 
 def window_report(parts: list[WindowPart], metrics, confidence: float) -> WindowReport:
-    """Every enabled metric's interval over the cells of `parts` (module docstring)."""
+    """Every enabled metric's interval over the cells of `parts` (module docstring).  The parts'
+    columns may carry a leading axis of rows, the same windows' cells read at many moments or in
+    many runs (`chunk_report`); ``labels`` and ``population`` are then per row."""
     metrics = tuple(metrics)
     parts = sorted(parts, key=lambda p: p.chunk)
     lost = tuple(p.chunk for p in parts if not p.complete)
     partial = tuple(p.chunk for p in parts if p.negatives_complete is False)
     if not parts:
         return WindowReport((), dict.fromkeys(metrics), 0, 0, ())
-    cells = StrataColumns(*(np.concatenate([getattr(p.columns, c) for p in parts]) for c in ("N", "n", "h", "positive")))
+    cells = StrataColumns(*(np.concatenate([getattr(p.columns, c) for p in parts], axis=-1)
+                            for c in ("N", "n", "h", "positive")))
     closed = all(p.closed for p in parts)
     report = chunk_report(cells, metrics, confidence, closed, negatives_complete=False if partial else None,
                           complete=not lost)
     intervals = dict(report.intervals)
     named = lost or (partial if any(needs_negatives([m]) for m in metrics) else ())
-    return WindowReport(tuple(p.chunk for p in parts), intervals, int(cells.n.sum()), int(cells.N.sum()),
+    return WindowReport(tuple(p.chunk for p in parts), intervals, _total(cells.n), _total(cells.N),
                         tuple(sorted(set(named))))
+
+
+def _total(x: np.ndarray):
+    """A column's sum over the cells: an int, or per row where the columns have rows."""
+    return int(x.sum()) if x.ndim == 1 else x.sum(axis=-1)
 
 
 def window_chunks(reported: int | None, held: list[int], length: int) -> list[int]:

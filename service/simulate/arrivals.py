@@ -36,7 +36,8 @@ class Scenario:
     description: str
     arrivals: str = "poisson"  # "poisson" (rate items/s), "burst" (all in the first second), "batches"
     batch_seconds: float = 20.0  # "batches": one batch every this many seconds
-    drift: float = 0.0  # precision drop of the items arriving in the chunk's second half
+    drift: float = 0.0  # precision drop of the items arriving after `drift_after` of the chunk
+    drift_after: float = 0.5  # the share of the chunk after which the drop applies (0: the whole chunk)
     review_delay: tuple[float, float] = FAST_REVIEW  # seconds, uniform
     skip_rate: float = 0.0
 
@@ -223,7 +224,7 @@ def draw(pop, scenario: Scenario, s: StreamSettings, runs: int, rng: np.random.G
         if scenario.drift >= pop.truth:
             raise ValueError(f"a precision drop of {scenario.drift} needs a population precision above it, "
                              f"{pop.name} has {pop.truth:.3f}")
-        late = valid & (t >= T / 2.0) & (y == 1)
+        late = valid & (t >= scenario.drift_after * T) & (y == 1)
         y[late & (rng.random((runs, M)) < scenario.drift / pop.truth)] = 0
     y[~valid] = 0
     kind = resolve_kind("auto", float(pop.scores.min()), float(pop.scores.max()))

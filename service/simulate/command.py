@@ -122,6 +122,18 @@ def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
                          "the bias of the estimate (minus the precision of the items arrived so far) and the "
                          "coverage of its interval, pooled over the readings and at minutes 5, 10 and 30; with "
                          "--calibration, the difference estimator's gauge (the service's default)")
+    st.add_argument("--chunks", type=int, default=None, metavar="C",
+                    help="instead of the study: C consecutive chunks (each sampled alone, as without an hourly "
+                         "budget), read every 30 s as the service reads them: coverage and bias of the 1d window and "
+                         "of the last closed chunk, the window's half-width against a chunk's, and the default "
+                         "precision SLO alert (the window's upper bound below the SLO for 15 minutes) at SLOs 0.01 "
+                         "under and at the population's precision: hours from a drop until it fires, false alarms "
+                         "per day before it; with --json, the document")
+    st.add_argument("--drop-at-chunk", type=int, default=None, metavar="K",
+                    help="with --chunks: the precision of the chunks from chunk K on (0-based) is lower by --drop-by")
+    st.add_argument("--drop-by", type=float, default=None, metavar="D",
+                    help="with --chunks: the precision drop from --drop-at-chunk on (positives relabelled negative at "
+                         "random, as the drift scenario)")
 
 
 def _main_calibration(args, pop) -> int:
@@ -182,6 +194,10 @@ def main(args) -> int:
             from . import trace_command
 
             return trace_command.main(args, pop)
+        if args.chunks is not None:
+            from . import chunks_command
+
+            return chunks_command.main(args, pop)
         return stream_command.main(args, pop)
     if args.calibration:
         return _main_calibration(args, pop)

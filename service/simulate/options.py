@@ -11,7 +11,10 @@ from .budget import parse_budgets
 #: `--delta`'s default: the service's DELTA (`config.Settings`; tests/unit/test_simulate_cli.py holds them equal)
 DEFAULT_DELTA = 0.02
 #: The options of the stream study alone (`--stream`).
-STREAM_ONLY = ("scenario", "chunk_seconds", "rate", "review_delay", "skip_rate", "lateness", "max_labels_per_hour")
+STREAM_ONLY = ("scenario", "chunk_seconds", "rate", "review_delay", "skip_rate", "lateness", "max_labels_per_hour",
+               "chunks", "drop_at_chunk", "drop_by")
+#: Seconds between two readings of `--chunks` (`trace.SCRAPE_SECONDS`): a chunk is a whole number of them.
+READING_SECONDS = 30
 
 
 def parse_list(value: str | None, universe, option: str) -> list[str] | None:
@@ -83,6 +86,38 @@ def check_stream(args) -> None:
         raise ValueError("--max-labels-per-hour must be >= 1")
     args.review_delay = _delay(args.review_delay)
     args.scenario = parse_list(args.scenario, list(SCENARIOS), "--scenario") or ["slow"]
+    check_chunks(args)
+
+
+def check_chunks(args) -> None:
+    """`--chunks` and the drop (`chunks_study`): a drop needs both its options, inside the chunks; one
+    scenario without its own drift; no hourly budget (it couples the chunks sampled in an hour, which
+    the study runs apart) and neither --trace nor --calibration."""
+    drop = (args.drop_at_chunk, args.drop_by)
+    if args.chunks is None:
+        if any(x is not None for x in drop):
+            raise ValueError("--drop-at-chunk and --drop-by need --chunks")
+        return
+    if args.chunks < 1:
+        raise ValueError("--chunks must be >= 1")
+    if (drop[0] is None) != (drop[1] is None):
+        raise ValueError("--drop-at-chunk and --drop-by go together")
+    if drop[0] is not None and not 0 <= drop[0] < args.chunks:
+        raise ValueError(f"--drop-at-chunk must be in [0, --chunks), got {drop[0]}")
+    if drop[1] is not None and not 0 < drop[1] < 1:
+        raise ValueError("--drop-by must be in (0, 1)")
+    chunk = args.chunk_seconds or 3600.0
+    if chunk % READING_SECONDS or 86400 % chunk:
+        raise ValueError(f"--chunks needs --chunk-seconds a multiple of {READING_SECONDS} s (the readings) that "
+                         f"divides a day (the window)")
+    for option, given in (("--max-labels-per-hour", args.max_labels_per_hour is not None),
+                          ("--trace", getattr(args, "trace", None) is not None),
+                          ("--calibration", getattr(args, "calibration", False)),
+                          ("--metric other than precision", getattr(args, "metric", "precision") != "precision"),
+                          ("--scenario with several scenarios", len(args.scenario) > 1),
+                          ("--scenario drift", SCENARIOS[args.scenario[0]].drift > 0)):
+        if given:
+            raise ValueError(f"{option} does not apply with --chunks")
 
 
 def _delay(value: str | None) -> tuple[float, float] | None:

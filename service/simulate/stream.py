@@ -68,7 +68,7 @@ def run_stream(pop: Population, scenario: Scenario, s: StreamSettings, runs: int
 
 def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, calibrated: np.ndarray | None = None,
                groups: np.ndarray | None = None, trace_runs: int = 0, keep_items: bool = False,
-               gauge_seconds: float | None = None) -> StreamResult:
+               gauge_seconds: float | None = None, recorder: GaugeRecorder | None = None) -> StreamResult:
     """The service's request loop on the drawn chunks `c` (`run_stream`), with the calibration where
     `fold` (its fold per item) is given, on the runs `calibrated` (default all).
 
@@ -82,7 +82,8 @@ def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, cal
     (`Interval.estimate_at_stop`) where the run converged, the plain reading
     (`Interval.estimate`) where it stopped otherwise (exhausted, capped).
     With `gauge_seconds`, the gauge's readings every that many seconds of every
-    run (`trace.GaugeRecorder`; ``out.gauge``).
+    run (`trace.GaugeRecorder`; ``out.gauge``); with `recorder`, that recorder's readings instead (a
+    `trace.GaugeRecorder` made for these runs, e.g. `chunk_states.CountRecorder`).
     `groups` (a group per run): the chunks of several draws (`arrivals.concat`), each group stepped
     as if alone (a group's steps are its own runs' events; the runs of a group due at a step are
     the only ones that step), so each run's numbers are those of its draw run alone.
@@ -95,7 +96,7 @@ def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, cal
     R, K, M = c.runs, c.K, c.M
     group = np.zeros(R, dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
     G = int(group.max(initial=0)) + 1
-    if G > 1 and (trace_runs or gauge_seconds is not None):
+    if G > 1 and (trace_runs or gauge_seconds is not None or recorder is not None):
         raise ValueError("groups of draws are stepped without the per-step trace and the gauge")
     dt = float(s.step_seconds)
     T = float(s.chunk_seconds)
@@ -155,8 +156,9 @@ def run_chunks(c: Chunks, s: StreamSettings, fold: np.ndarray | None = None, cal
     cal_active = np.zeros(R, dtype=bool)  # the difference estimator's interval is the one reported
     cal_hw = np.full(R, np.nan)  # its half-width, as last computed
     gauge = calibrate_gauge = None
-    if gauge_seconds is not None:
-        gauge = GaugeRecorder(R, K, gauge_seconds, end, s.lateness, s.confidence, c.target, c.metric, c.positive)
+    if gauge_seconds is not None or recorder is not None:
+        gauge = recorder or GaugeRecorder(R, K, gauge_seconds, end, s.lateness, s.confidence, c.target, c.metric,
+                                          c.positive)
         if calibrating:
             def calibrate_gauge(t, closed_t, a):  # the runs `a` whose gauge shows the difference estimator's
                 step_t = int(math.floor(t / dt + 1e-9))  # the labels landed by t

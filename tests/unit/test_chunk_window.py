@@ -105,3 +105,25 @@ def test_the_chunks_of_a_window_and_durations():
     for bad in ("", "0h", "1w", "h", "-5", "1.5h"):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+def test_many_windows_at_once_are_each_window_alone():
+    """Columns with a leading axis of rows (`simulate --stream --chunks` pools many readings' windows
+    in one call): each row's interval, labels and items are those of its window alone, and a chunk
+    with no item (a window's slot before the stream's first chunk) changes nothing."""
+    rng = np.random.default_rng(7)
+    rows = 5
+    N = rng.integers(50, 500, (3, rows, 4)).astype(float)
+    n = rng.integers(2, 40, (3, rows, 4)).astype(float)
+    h = np.floor(n * rng.uniform(0.5, 1.0, (3, rows, 4)))
+    N[0] = n[0] = h[0] = 0.0  # the first slot: no chunk yet
+    ones = np.ones(4, bool)
+    many = window_report([WindowPart(t, StrataColumns(N[t], n[t], h[t], ones), False) for t in range(3)],
+                         ["precision"], 0.95)
+    for r in range(rows):
+        alone = window_report([WindowPart(t, StrataColumns(N[t, r], n[t, r], h[t, r], ones), False) for t in (1, 2)],
+                              ["precision"], 0.95)
+        a, b = alone.intervals["precision"], many.intervals["precision"]
+        for field in ("estimate", "lower", "upper", "stderr", "estimate_at_stop"):
+            assert float(getattr(b, field)[r]) == pytest.approx(float(getattr(a, field)), abs=1e-12), field
+        assert (many.labels[r], many.population[r]) == (alone.labels, alone.population)
