@@ -175,7 +175,7 @@ async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cf
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in shown], now_s)
     reported_id = next((t for t, c in zip(shown, chunks) if c is reported), None)
     parts = {t: WindowPart(t, _columns(_sides(lead[t], negatives[t], cfg)), chunk_closed(t, cfg, now_s), whole[t],
-                           complete[t]) for t in ids}
+                           complete[t], stopped=lead[t].status == "converged") for t in ids}
     doc = {"classifier_id": cid, **_counters_doc(summary, other, cfg, now_s), **_reported_fields(reported, cfg, other)}
     doc["windows"] = {name: _window_doc(window_report([parts[t] for t in window_chunks(reported_id, ids, k)],
                                                       cfg.metrics.split(","), cfg.confidence), reported_id, k, cfg)

@@ -3,16 +3,16 @@
 Each chunk is an independent stratified sample of its own items (its strata, boundaries and
 inclusion thresholds its own).  The window's items are the union of its chunks' items, so the
 window is one stratified population whose strata are the (chunk, stratum) cells, and the chunks'
-samples together are a stratified sample of it: the stratified estimator with weights
-``N_ck / N`` and the variance ``sum W_ck^2 (1 - f_ck) s_ck^2 / n_ck`` over the cells is the
-ordinary one (Cochran 1977, *Sampling Techniques*, 3rd ed., Sec. 5.3-5.4: strata sampled
-independently; each cell's sample a simple random sample of the cell given its size, `stats.streams`).
-`chunks.report.chunk_report` over the cells therefore gives every enabled metric's interval with the
-same family as a chunk's (Wilson with the design effect, the half-label guard, the adaptive term).
+samples together are a stratified sample of it (Cochran 1977, *Sampling Techniques*, 3rd ed.,
+Sec. 5.3-5.4: strata sampled independently; each cell's sample a simple random sample of the cell
+given its size, `stats.streams`).  Each cell's proportion is corrected for its chunk's adaptive
+design in the chunk's own frame, and the metric, its variance and its interval are taken over the
+cells (`stats.pooled`): the same family as a chunk's (Wilson with the design effect, the half-label
+guard); a window of one open chunk reports what the chunk reports.
 
-The finite population correction is applied only when every chunk of the window has closed (an open
-chunk's population still grows); without it the interval is conservative.  The difference estimator
-is not pooled: a window reports the plain stratified estimator in every cell.
+A closed chunk's cells carry the finite population correction (its population is final), an open
+chunk's none.  The difference estimator is not pooled: a window reports the plain stratified
+estimator in every cell.
 
 A chunk that cannot be estimated honestly is never pooled silently: one some of whose records were
 counted in a state Redis lost (`complete` false) makes every metric of the window null, and one whose
@@ -28,18 +28,26 @@ import numpy as np
 
 from ..stats.confusion import needs_negatives
 from ..stats.estimator import Interval
-from .report import StrataColumns, chunk_report
+from ..stats.pooled import CorrectedMeans, corrected_means, pooled_interval
+from .report import StrataColumns
 
 
 @dataclass(frozen=True)
 class WindowPart:
-    """One chunk of a window: its strata's columns and whether it can be pooled."""
+    """One chunk of a window: its strata's columns, whether it has closed and whether its loop has
+    stopped on the rule (each one bool, or per row where the columns have rows), and whether it can
+    be pooled."""
 
     chunk: int
     columns: StrataColumns
-    closed: bool
+    closed: bool | np.ndarray
     complete: bool = True
     negatives_complete: bool | None = None  # None: the metrics need no predicted negatives
+    stopped: bool | np.ndarray = False  # its status is ``converged``: it is read at the rule's stop
+
+    def per_cell(self, flag) -> np.ndarray:
+        """A flag of the chunk (one bool, or per row) for each of its cells."""
+        return np.broadcast_to(np.asarray(flag, dtype=bool)[..., None], np.shape(self.columns.n))
 
 
 @dataclass(frozen=True)
@@ -70,13 +78,32 @@ def window_report(parts: list[WindowPart], metrics, confidence: float) -> Window
         return WindowReport((), dict.fromkeys(metrics), 0, 0, ())
     cells = StrataColumns(*(np.concatenate([getattr(p.columns, c) for p in parts], axis=-1)
                             for c in ("N", "n", "h", "positive")))
-    closed = all(p.closed for p in parts)
-    report = chunk_report(cells, metrics, confidence, closed, negatives_complete=False if partial else None,
-                          complete=not lost)
-    intervals = dict(report.intervals)
+    closed, stopped = (np.concatenate([p.per_cell(getattr(p, f)) for p in parts], axis=-1)
+                       for f in ("closed", "stopped"))
+    intervals: dict[str, Interval | None] = {}
+    for m in metrics:
+        if lost or (partial and needs_negatives([m])):
+            intervals[m] = None
+            continue
+        intervals[m] = pooled_interval(m, cells.N, cells.n, cells.h, cells.positive, closed, _means(parts, m),
+                                       stopped, confidence)
     named = lost or (partial if any(needs_negatives([m]) for m in metrics) else ())
     return WindowReport(tuple(p.chunk for p in parts), intervals, _total(cells.n), _total(cells.N),
                         tuple(sorted(set(named))))
+
+
+def _means(parts: list[WindowPart], metric: str) -> CorrectedMeans:
+    """The parts' strata's proportions, each corrected in its own chunk's frame and without the
+    finite population correction (`stats.pooled.corrected_means`), side by side as the cells are:
+    in one call where the parts have the same strata (the chunk as a leading axis)."""
+    cols = [p.columns for p in parts]
+    if len({(c.n.shape, c.positive.tobytes()) for c in cols}) == 1:
+        N, n, h = (np.stack([getattr(c, f) for c in cols]) for f in ("N", "n", "h"))
+        means = corrected_means(metric, N, n, h, cols[0].positive, False)
+        side_by_side = lambda x: np.concatenate(list(x), axis=-1)  # noqa: E731  (chunks, ..., K) -> (..., C K)
+        return CorrectedMeans(side_by_side(means.at_stop), side_by_side(means.now))
+    each = [corrected_means(metric, c.N, c.n, c.h, c.positive, False) for c in cols]
+    return CorrectedMeans(*(np.concatenate([getattr(x, f) for x in each], axis=-1) for f in ("at_stop", "now")))
 
 
 def _total(x: np.ndarray):

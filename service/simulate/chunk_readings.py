@@ -99,6 +99,16 @@ class Stream:
         slot = self.states.slot(g - chunk * self.chunk_readings)
         return getattr(self.states, field)[slot, chunk * self.runs + self.run_of(g)]
 
+    def closed(self, chunk: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Whether `chunk` (per row) has closed at reading `g` (a started chunk)."""
+        return self.states.closed[self.states.slot(g - chunk * self.chunk_readings)]
+
+    def stopped(self, chunk: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Whether `chunk` (per row) has stopped ``converged`` by reading `g`: it is read at the stop."""
+        index = chunk * self.runs + self.run_of(g)
+        since = (g - chunk * self.chunk_readings) * self.states.every
+        return (since >= self.states.stop[index]) & self.states.converged[index]
+
     def run_of(self, g: np.ndarray) -> np.ndarray:
         return np.broadcast_to(np.arange(self.runs).reshape((-1,) + (1,) * (g.ndim - 1)), g.shape)
 
@@ -140,16 +150,13 @@ def _read_windows(stream: Stream, g: np.ndarray, rep: np.ndarray, out: Series, c
     take = lambda f: np.where(valid[..., None] if f != "G" else valid, stream.at(  # noqa: E731
         np.maximum(member, 0), gg, f), 0.0)
     N, n, h, G = (take(f) for f in ("N", "n", "h", "G"))
-    closed = stream.states.closed[stream.states.slot(g - rep * stream.chunk_readings)]
-    est, lower, upper = (np.full(rep.shape, np.nan) for _ in range(3))
-    for shut in (False, True):
-        rows = closed == shut
-        if not rows.any():
-            continue
-        parts = [WindowPart(q, StrataColumns(N[rows][:, q], n[rows][:, q], h[rows][:, q], np.ones(K, bool)), shut)
-                 for q in range(stream.length)]
-        iv = window_report(parts, ["precision"], confidence).intervals["precision"]
-        est[rows], lower[rows], upper[rows] = iv.estimate, iv.lower, iv.upper
+    at = np.maximum(member, 0)
+    closed, stopped = stream.closed(at, gg), stream.stopped(at, gg)
+    parts = [WindowPart(q, StrataColumns(N[..., q, :].reshape(-1, K), n[..., q, :].reshape(-1, K),
+                                         h[..., q, :].reshape(-1, K), np.ones(K, bool)),
+                        closed[..., q].ravel(), stopped=stopped[..., q].ravel()) for q in range(stream.length)]
+    iv = window_report(parts, ["precision"], confidence).intervals["precision"]
+    est, lower, upper = (np.reshape(x, rep.shape) for x in (iv.estimate, iv.lower, iv.upper))
     with np.errstate(invalid="ignore", divide="ignore"):
         truth = G.sum(axis=-1) / N.sum(axis=(-1, -2))
     _store(out, cols, est, lower, upper, truth)
@@ -163,7 +170,7 @@ def _read_last_closed(stream: Stream, g: np.ndarray, out: Series, cols: slice) -
     ok = chunk >= 0
     c = np.maximum(chunk, 0)
     index = c * stream.runs + stream.run_of(g)
-    stopped = ((g - c * P) * stream.states.every >= stream.states.stop[index]) & stream.states.converged[index]
+    stopped = stream.stopped(c, g)
     est = np.where(stopped, stream.at(c, g, "at_stop"), stream.at(c, g, "estimate"))
     lower, upper = stream.at(c, g, "lower"), stream.at(c, g, "upper")
     nothing = np.where(ok, 1.0, np.nan)

@@ -28,6 +28,8 @@ All functions take arrays whose last axis is the stratum axis, as
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .estimator import (
@@ -35,7 +37,7 @@ from .estimator import (
     Interval,
     _as_counts,
     half_label_smoothed,
-    shift_of_means,
+    shifts_of_means,
     stratum_variances,
     undefined_interval,
     wilson_interval,
@@ -219,28 +221,48 @@ def moments_ratio_interval(metric: str, N, moments: StratumMoments, events, posi
     N = np.asarray(N, dtype=float)
     n = moments.n
     z = z_value(confidence)
-    p_smooth = np.clip(moments.guarded_mean, 1e-9, 1.0 - 1e-9)
-    g = gradient(metric, N, p_smooth, positive)
-    with np.errstate(invalid="ignore"):  # 0 x inf where a stratum with no weight has < 2 labels: dropped
-        var = np.sum(np.where(g != 0.0, g * g * moments.variances(N, fpc), 0.0), axis=-1)
+    shifted = ratio_shifts(metric, N, moments, events, positive, fpc)
+    p_smooth, var = shifted.p_smooth, shifted.var
     se = np.sqrt(var)
     missing = ((n == 0) & (N > 0)).any(axis=-1)  # as `plug_in`: NaN where the plain estimate is
     plain = value(metric, N, np.clip(moments.mean, 0.0, 1.0), positive)
-    shifts = np.minimum(events, n - events) >= SHIFT_MIN_EVENTS
 
-    def corrected(stop: bool) -> np.ndarray:
-        shift = shift_of_means(N, n, p_smooth, moments.spread, g * g, var, fpc, stop)
-        shift = np.where(shifts | (not stop), shift, 0.0)
+    def corrected(shift) -> np.ndarray:
         return np.where(missing | ~np.isfinite(plain), np.nan,
                         value(metric, N, np.clip(moments.mean + shift, 0.0, 1.0), positive))
 
-    est, now = corrected(True), corrected(False)
+    est, now = corrected(shifted.at_stop), corrected(shifted.now)
     m_smooth = value(metric, N, p_smooth, positive)
     with np.errstate(divide="ignore", invalid="ignore"):
         n_eff = np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN)
     n_eff = np.minimum(n_eff, n.sum(axis=-1))
     p = np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0)
     return wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se, now)
+
+
+@dataclass(frozen=True)
+class RatioShifts:
+    """What a ratio metric's interval takes of its strata's moments (`ratio_shifts`)."""
+
+    p_smooth: np.ndarray  # per stratum, the guarded mean clipped into (0, 1)
+    var: np.ndarray  # the linearised variance at the guarded means
+    at_stop: np.ndarray  # per stratum, the adaptive-bias shift with the stopping rule's term
+    now: np.ndarray  # per stratum, the allocation's term alone
+
+
+def ratio_shifts(metric: str, N, moments: StratumMoments, events, positive, fpc: bool) -> RatioShifts:
+    """The linearised variance ``sum_k g_k^2 Var_k`` of a ratio metric at its strata's guarded means
+    and, per stratum, the adaptive-bias shifts of the means (`estimator.shifts_of_means`, weights
+    ``g_k^2``): the stopping rule's only where the stratum holds `SHIFT_MIN_EVENTS` of its rarer class
+    (`events`: its positive labels), the allocation's everywhere (`moments_ratio_interval`)."""
+    N = np.asarray(N, dtype=float)
+    p_smooth = np.clip(moments.guarded_mean, 1e-9, 1.0 - 1e-9)
+    g = gradient(metric, N, p_smooth, positive)
+    with np.errstate(invalid="ignore"):  # 0 x inf where a stratum with no weight has < 2 labels: dropped
+        var = np.sum(np.where(g != 0.0, g * g * moments.variances(N, fpc), 0.0), axis=-1)
+    at_stop, now = shifts_of_means(N, moments.n, p_smooth, moments.spread, g * g, var, fpc)
+    gate = np.minimum(events, moments.n - np.asarray(events, dtype=float)) >= SHIFT_MIN_EVENTS
+    return RatioShifts(p_smooth, var, np.where(gate, at_stop, 0.0), now)
 
 
 def correct_counts(n, h, positive) -> np.ndarray:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stratameter.chunks.report import StrataColumns
+from stratameter.chunks.report import StrataColumns, chunk_report
 from stratameter.chunks.window import (WindowPart, format_duration, parse_duration, window_chunks, window_lengths,
                                        window_report)
 from stratameter.stats import allocation, confusion
@@ -20,26 +20,72 @@ def _part(t, N, n, h, positive=None, **kw):
 
 
 def test_a_window_is_the_stratified_estimate_over_its_cells_by_hand():
-    """Two chunks of two strata each, closed: the pooled precision is sum_c,k N_ck/N * h_ck/n_ck (with
-    the adaptive term, as every reported estimate) over the four cells, exactly `metric_interval` of
-    the concatenated cells; labels and items add up."""
+    """Two closed chunks of two strata each: the pooled precision is each chunk's own estimate (its
+    adaptive terms computed in its own frame, as while it was sampled: without the finite population
+    correction) weighted by its share of the items, 0.4 and 0.6 here;
+    its variance is sum_c,k (N_ck/N)^2 (1 - n_ck/N_ck) s_ck^2 / n_ck over the four cells at their
+    half-label proportions, which is sum_c w_c^2 v_c; labels and items add up."""
     a = _part(10, [100, 300], [10, 20], [9, 10], closed=True)
     b = _part(11, [200, 400], [10, 30], [10, 12], closed=True)
     window = window_report([b, a], ["precision"], 0.95)
     assert window.chunks == (10, 11) and window.labels == 70 and window.population == 1000 and window.complete
-    cells = [np.array(v, float) for v in ([100, 300, 200, 400], [10, 20, 10, 30], [9, 10, 10, 12])]
-    expected = confusion.metric_interval("precision", *cells, np.ones(4, bool), 0.95, fpc=True)
-    assert float(window.intervals["precision"].estimate) == pytest.approx(float(expected.estimate))
-    assert float(window.intervals["precision"].lower) == pytest.approx(float(expected.lower))
+    own = [confusion.metric_interval("precision", p.columns.N, p.columns.n, p.columns.h, p.columns.positive, 0.95,
+                                     fpc=False) for p in (a, b)]  # the adaptive terms without the correction
+    iv = window.intervals["precision"]
+    assert float(iv.estimate) == pytest.approx(0.4 * float(own[0].estimate) + 0.6 * float(own[1].estimate))
+    assert float(iv.estimate_at_stop) == pytest.approx(0.4 * float(own[0].at_stop) + 0.6 * float(own[1].at_stop))
+    cells = [(100, 10, 9), (300, 20, 10), (200, 10, 10), (400, 30, 12)]
+    by_hand = sum((N / 1000) ** 2 * (1 - n / N) * n / (n - 1) * (h + .5) / (n + 1) * (1 - (h + .5) / (n + 1)) / n
+                  for N, n, h in cells)
+    assert float(iv.stderr) ** 2 == pytest.approx(by_hand)
+    closed = [window_report([p], ["precision"], 0.95).intervals["precision"].stderr for p in (a, b)]
+    assert float(iv.stderr) ** 2 == pytest.approx(0.16 * float(closed[0]) ** 2 + 0.36 * float(closed[1]) ** 2)
     plain = (100 * 0.9 + 300 * 0.5 + 200 * 1.0 + 400 * 0.4) / 1000  # 0.6, the plain stratified mean
-    assert abs(float(window.intervals["precision"].estimate) - plain) < 0.02
+    assert abs(float(iv.estimate) - plain) < 0.02
 
 
-def test_an_open_chunk_drops_the_finite_population_correction():
-    closed = window_report([_part(1, [50, 50], [40, 40], [20, 30], closed=True)], ["precision"], 0.95)
-    mixed = window_report([_part(1, [50, 50], [40, 40], [20, 30], closed=True),
-                           _part(2, [0, 0], [0, 0], [0, 0], closed=False)], ["precision"], 0.95)
-    assert float(mixed.intervals["precision"].halfwidth) > float(closed.intervals["precision"].halfwidth)
+def test_a_window_of_one_chunk_reports_what_the_chunk_reports():
+    """Every metric, read at any moment and at the rule's stop: a window of one open chunk is the
+    chunk's own report (`chunk_report`); of one closed chunk, the same estimates (the adaptive terms
+    taken without the finite population correction, `stats.pooled`) with the closed chunk's variance,
+    on 100 random chunks of positive and negative strata."""
+    rng = np.random.default_rng(3)
+    metrics = ["precision", "recall", "f1", "accuracy"]
+    positive = np.array([True, True, True, False, False, False])
+    for _ in range(100):
+        N = rng.integers(20, 2000, 6).astype(float)
+        n = np.minimum(N, rng.integers(2, 80, 6)).astype(float)
+        h = np.floor(n * rng.uniform(0, 1, 6))
+        columns = StrataColumns(N, n, h, positive)
+        still = chunk_report(columns, metrics, 0.95, closed=False).intervals
+        shut = chunk_report(columns, metrics, 0.95, closed=True).intervals
+        for closed in (False, True):
+            for stopped in (False, True):
+                pooled = window_report([WindowPart(1, columns, closed, stopped=stopped)], metrics, 0.95).intervals
+                for m in metrics:
+                    a, b = still[m], pooled[m]
+                    read = a.estimate_at_stop if stopped else a.estimate
+                    same = [(a.estimate_at_stop, b.estimate_at_stop), ((shut if closed else still)[m].stderr, b.stderr)]
+                    if not closed:
+                        same += [(read, b.estimate), (a.lower, b.lower), (a.upper, b.upper)]
+                    for x, y in same:
+                        assert float(y) == pytest.approx(float(x), abs=1e-12, nan_ok=True), (m, closed, stopped)
+
+
+def test_a_closed_chunks_cells_carry_the_finite_population_correction_an_open_ones_none():
+    """A closed chunk's population is final, an open one's still grows: in a window of one of each
+    the variance is the closed chunk's corrected one plus the open chunk's uncorrected one, each
+    weighted by its squared share of the items; an open chunk with no item changes nothing."""
+    shut = _part(1, [50, 50], [40, 40], [20, 30], closed=True)
+    still = _part(2, [100, 100], [40, 40], [20, 30], closed=False)
+    window = window_report([shut, still], ["precision"], 0.95).intervals["precision"]
+    v = [float(window_report([p], ["precision"], 0.95).intervals["precision"].stderr) ** 2 for p in (shut, still)]
+    assert float(window.stderr) ** 2 == pytest.approx(v[0] / 9 + 4 * v[1] / 9)
+    assert v[0] < float(window_report([_part(1, [50, 50], [40, 40], [20, 30], closed=False)], ["precision"],
+                                      0.95).intervals["precision"].stderr) ** 2
+    empty = window_report([shut, _part(3, [0, 0], [0, 0], [0, 0], closed=False)], ["precision"], 0.95)
+    assert float(empty.intervals["precision"].halfwidth) == pytest.approx(
+        float(window_report([shut], ["precision"], 0.95).intervals["precision"].halfwidth))
 
 
 def test_a_chunk_that_lost_records_or_negatives_is_named_never_pooled_silently():

@@ -1,0 +1,130 @@
+"""A metric pooled over independent stratified samples, each drawn by its own adaptive design: the
+estimate of a window of chunks (`chunks.window`).
+
+Each chunk is a stratified sample of its own items, so the (chunk, stratum) cells are the strata of
+one stratified sample of the window's items, and the stratified estimator and its variance apply
+over them (Cochran 1977, *Sampling Techniques*, 3rd ed., Sec. 5.3-5.4: strata sampled
+independently).  What does not carry over is the adaptive-bias correction.  A chunk's labels were
+allocated by tracking its own labels and stopped by its own variance, so each cell's proportion
+``h/n`` is biased to first order, and a chunk's interval removes that bias with shifts computed in
+its own frame: its strata's weights and the variance its stopping rule tested
+(`estimator.adaptive_bias_corrected`).  The same shifts computed in the window's frame are wrong:
+the stopping rule's term ``g_k^2 / (n_k v)`` with the window's weights and variance is about
+``1/C`` of the chunk's over ``C`` chunks, and the bias left does not shrink with ``C`` while the
+standard error does.  So each cell's proportion is corrected in its chunk's frame
+(`corrected_means`: the shifts the chunk's own interval for the metric applies), and the window's
+estimate is the metric of the corrected proportions over the pooled cells; for precision and
+accuracy, the chunks' own estimates weighted by their populations.  The shifts are taken as the
+chunk's design took its decisions, while it was open: without the finite population correction,
+which leaves a closed chunk's share of the bias visible once many closed chunks are pooled
+(docs/concepts/windows.md measures both).
+
+The variance is the linearised one over the cells at their half-label proportions, each cell with
+its chunk's finite population correction once that chunk has closed (its population is then final);
+the interval is the chunk's family around the estimate (`estimator.wilson_design_effect` for the
+stratified means, the ratio metrics' effective size at their guarded metric, `confusion`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .confusion import RATIO_METRICS, correct_counts, gradient, population, ratio_shifts, value
+from .estimator import (
+    STOPPING_VARIANCE_MARGIN,
+    Interval,
+    half_label_smoothed,
+    stratum_variances,
+    undefined_interval,
+    wilson_design_effect,
+    wilson_score,
+    z_value,
+)
+from .moments import StratumMoments
+from .wilson import Draws, Strata, guarded_variance, mean_shifts
+
+
+@dataclass(frozen=True)
+class CorrectedMeans:
+    """Per stratum of one sample (last axis), its labels' proportion with the adaptive-bias shifts of
+    its own interval for a metric: with the stopping rule's term (a reading at the rule's stop) and
+    with the allocation's alone (a reading at any moment), clipped into [0, 1]."""
+
+    at_stop: np.ndarray
+    now: np.ndarray
+
+    def reading(self, stopped) -> np.ndarray:
+        """`at_stop` where `stopped` (broadcast against the strata), `now` elsewhere."""
+        return np.where(stopped, self.at_stop, self.now)
+
+
+def corrected_means(metric: str, N, n, h, positive, fpc: bool) -> CorrectedMeans:
+    """`CorrectedMeans` of one sample's strata for `metric`: the shifts `confusion.metric_interval`
+    applies to them (precision: its predicted positives' strata as a stratified mean, the others
+    left plain; accuracy: the proportions of correct predictions; recall, F1: `confusion.ratio_shifts`).
+    Rows where the metric has no population get no shift (they weigh nothing when pooled)."""
+    N, n, h = (np.asarray(x, dtype=float) for x in (N, n, h))
+    pos = np.asarray(positive, dtype=bool)
+    p = h / np.maximum(n, 1.0)
+    empty = population(metric, N, pos) <= 0
+    N = np.where(np.asarray(empty)[..., None], 1.0, N)  # a stand-in: its shifts are dropped below
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if metric in RATIO_METRICS:
+            shifted = ratio_shifts(metric, N, StratumMoments.of_counts(n, h), h, pos, fpc)
+            at_stop, now = shifted.at_stop, shifted.now
+        elif metric == "accuracy":  # a stratified mean of "the prediction was right"
+            right = correct_counts(n, h, pos)
+            at_stop, now = _mean_shifts(N, n, right, fpc)
+            at_stop, now = (np.where(pos, s, -s) for s in (at_stop, now))
+        else:
+            at_stop, now = np.zeros_like(p), np.zeros_like(p)
+            at_stop[..., pos], now[..., pos] = _mean_shifts(N[..., pos], n[..., pos], h[..., pos], fpc)
+    keep = ~np.asarray(empty)[..., None]
+    return CorrectedMeans(*(np.clip(p + np.where(keep, np.nan_to_num(s), 0.0), 0.0, 1.0) for s in (at_stop, now)))
+
+
+def _mean_shifts(N, n, h, fpc: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per stratum, the shifts of a stratified mean's proportions (`wilson.mean_shifts` with weights
+    ``W_k^2`` and the variance at the half-label proportions: `estimator.wilson_interval`'s)."""
+    total = N.sum(axis=-1, keepdims=True)
+    S, D = Strata(N, N / np.where(total > 0, total, 1.0)), Draws(n, h)
+    return mean_shifts(S, D, D.p * (1.0 - D.p), S.W2, guarded_variance(S, D, fpc), fpc)
+
+
+def pooled_interval(metric: str, N, n, h, positive, closed, means: CorrectedMeans, stopped,
+                    confidence: float) -> Interval:
+    """`metric`'s interval over pooled cells (module docstring): per cell (last axis) its items `N`,
+    labels `n`, positive labels `h`, whether it holds predicted `positive`s, whether its chunk has
+    `closed` (the finite population correction), its chunk's `means` (`corrected_means`, concatenated)
+    and whether its chunk's loop has `stopped` on the rule (its reading is then at the stop).  The
+    bounds are around the cells' estimates at the stop (as a chunk's are, `estimator.Interval`); the
+    estimate is the cells' readings.  Undefined where the metric has no population; NaN bounds where
+    a cell of the metric has fewer than 2 labels."""
+    N, n, h = (np.asarray(x, dtype=float) for x in (N, n, h))
+    pos = np.asarray(positive, dtype=bool)
+    empty = population(metric, N, pos) <= 0
+    if np.all(empty):
+        return undefined_interval(np.shape(empty))
+    N = np.where(np.asarray(empty)[..., None], 1.0, N)
+    counted = pos if metric == "precision" else np.ones_like(pos)
+    missing = ((n == 0) & (N > 0) & counted).any(axis=-1)
+    p_var = half_label_smoothed(n, h)
+    g = gradient(metric, N, np.clip(p_var, 1e-9, 1.0 - 1e-9), pos)
+    var_k = np.where(closed, stratum_variances(N, n, p_var, True), stratum_variances(N, n, p_var, False))
+    with np.errstate(invalid="ignore"):
+        var = np.sum(np.where(g != 0.0, g * g * var_k, 0.0), axis=-1)
+    est, now = (np.where(missing, np.nan, value(metric, N, m, pos)) for m in (means.at_stop, means.reading(stopped)))
+    labels = np.sum(np.where(counted, n, 0.0), axis=-1)
+    z = z_value(confidence)
+    if metric not in RATIO_METRICS:
+        iv = wilson_design_effect(est, var, labels, z, now)
+    else:  # the effective size at the guarded metric, as `confusion.moments_ratio_interval`
+        m_smooth = value(metric, N, np.clip(p_var, 1e-9, 1.0 - 1e-9), pos)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            n_eff = np.minimum(np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN),
+                               labels)
+        iv = wilson_score(np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0), n_eff, z,
+                          np.isfinite(var) & np.isfinite(est), est, np.sqrt(var), now)
+    return iv.undefined_where(empty) if np.any(empty) else iv
