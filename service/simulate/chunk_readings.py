@@ -9,9 +9,9 @@ At a reading at ``t`` (every `SCRAPE_SECONDS` from the stream's start, chunk ``i
   else the one before it if that has one;
 * the window of ``k`` chunks: the reported chunk and the ``k - 1`` before it
   (`chunks.window.window_chunks`), pooled by `chunks.window.window_report` over their (chunk,
-  stratum) cells as they stand at ``t`` (the finite population correction once every one has
-  closed), the estimate the plain reading clipped into its interval (`api.views._interval_doc`);
-  its truth is the precision of the items of its chunks arrived by ``t``;
+  stratum) cells as they stand at ``t`` (a closed chunk's with the finite population correction, a
+  chunk that has stopped ``converged`` read at the stop), the estimate clipped into its interval
+  (`api.views._interval_doc`); its truth is the precision of the items of its chunks arrived by ``t``;
 * the last closed chunk (`api.views._last_closed`): the newest chunk closed at ``t``, its interval
   as its state at ``t`` gives it, its estimate the reading at the stopping rule's stop once it has
   stopped ``converged``; its truth the precision of its items.
@@ -141,8 +141,8 @@ def read_block(stream: Stream, confidence: float) -> Readings:
 
 
 def _read_windows(stream: Stream, g: np.ndarray, rep: np.ndarray, out: Series, cols: slice, confidence: float) -> None:
-    """The window of each row (`window_report` over the rows at once, the open windows apart from
-    the closed ones), into `out` at `cols`."""
+    """The window of each row (`window_report` over the rows at once, each chunk's closed and
+    stopped per row), into `out` at `cols`."""
     K = stream.states.N.shape[2]
     member = rep[..., None] - stream.length + 1 + np.arange(stream.length)  # (runs, readings, length)
     valid = member >= 0
