@@ -2,9 +2,10 @@
 ``HISTORY_CHUNKS`` chunks before it (`chunks.window`), and reading every one of them whole at every
 scrape made a scrape several times dearer.  A closed chunk's items no longer change (no score
 reaches it) and its labels only grow (an answer folded by LABEL adds to ``n``, and to ``h`` only
-with it), so a closed chunk read before is still current while its label counts are: one small
-read a chunk (`ChunkStore.label_counts`) instead of five, and the whole chunk again only once a
-label came.  Process-local and bounded (`CACHED_CHUNKS`, least recently used out first)."""
+with it), so a closed chunk read before is still current while its label counts and its status are
+(the request loop may yet find it converged, which a window reads, `chunks.window`): one small read
+a chunk (`ChunkStore.label_counts`) instead of five, and the whole chunk again only once a label
+came or the status changed.  Process-local and bounded (`CACHED_CHUNKS`, least recently used out first)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ class ClosedChunks:
         keys = [(store.keys.prefix, sid, t) for t in ids]
         known = [k for k in keys if k in self._states]
         counts = await store.label_counts(sid, [t for _, _, t in known]) if known else []
-        current = {k for k, raw in zip(known, counts)
-                   if np.array_equal(stratum_vector(raw, self._states[k].strata), self._states[k].n)}
+        current = {k for k, (raw, status) in zip(known, counts)
+                   if np.array_equal(stratum_vector(raw, self._states[k].strata), self._states[k].n)
+                   and status == self._states[k].status}
         fresh = await store.chunk_states(sid, [k[2] for k in keys if k not in current])
         for cs in fresh:
             self._remember((store.keys.prefix, sid, cs.chunk), cs)

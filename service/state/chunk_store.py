@@ -125,14 +125,18 @@ class ChunkStore:
             ))
         return out
 
-    async def label_counts(self, cid: str, ids: list[int]) -> list[dict[str, str]]:
+    async def label_counts(self, cid: str, ids: list[int]) -> list[tuple[dict[str, str], str]]:
         """Per chunk of `ids`, its labels per stratum as stored (``{stratum: count}``; empty for a
-        chunk without labels or gone): one small read a chunk, to tell whether a chunk read before
-        has taken a label since (`api.closed_chunks`)."""
+        chunk without labels or gone) and its status as the request loop last saw it (``open`` if
+        none): one small read a chunk, to tell whether a chunk read before has taken a label or
+        changed its status since (`api.closed_chunks`)."""
         pipe = self.connection.pipeline()
         for t in ids:
             pipe.hgetall(self.keys.chunk_labels(cid, t))
-        return [{k.decode(): v.decode() for k, v in d.items()} for d in await pipe.execute()]
+            pipe.hget(self.keys.chunk_meta(cid, t), "status")
+        replies = await pipe.execute()
+        return [({k.decode(): v.decode() for k, v in counts.items()}, (status or b"open").decode())
+                for counts, status in zip(replies[::2], replies[1::2])]
 
     # ---- histograms -----------------------------------------------------------------------
     async def chunk_histogram(self, cid: str, t: int) -> np.ndarray:

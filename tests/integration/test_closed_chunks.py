@@ -1,5 +1,5 @@
-"""`api.closed_chunks`: a closed chunk read once is read again whole only after a label came, against
-a real Redis (the window's older chunks at each scrape, `api.views`)."""
+"""`api.closed_chunks`: a closed chunk read once is read again whole only after a label came or its
+status changed, against a real Redis (the window's older chunks at each scrape, `api.views`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from stratameter.state.store import Store
 pytestmark = pytest.mark.integration
 
 
-async def test_a_closed_chunk_is_read_whole_again_only_once_its_labels_change(store: Store, monkeypatch):
+async def test_a_closed_chunk_is_read_whole_again_only_once_its_labels_or_status_change(store: Store, monkeypatch):
     settings = load_settings({"STRATAMETER_REDIS_URL": "redis://unused", "STRATAMETER_CHUNK_SECONDS": "60"})
     ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
     n = 300
@@ -38,6 +38,11 @@ async def test_a_closed_chunk_is_read_whole_again_only_once_its_labels_change(st
     await store.redis.hincrby(store.keys.chunk_positives("c", t), "1", 1)
     third = await closed.states(store.chunks, "c", [t])
     assert whole_reads[-1] == [t] and third[0].n[1] == first[0].n[1] + 1 and third[0].h[1] == first[0].h[1] + 1
+    await store.chunks.set_status("c", t, "converged", closed=True)  # the loop's verdict, no label
+    fourth = await closed.states(store.chunks, "c", [t])
+    assert whole_reads[-1] == [t] and fourth[0].status == "converged" != third[0].status
+    await closed.states(store.chunks, "c", [t])
+    assert whole_reads[-1] == []
     small = ClosedChunks(size=1)
     await small.states(store.chunks, "c", [t])
     await small.states(store.chunks, "d", [t])  # no such state: nothing kept, nothing evicted
