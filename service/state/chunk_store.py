@@ -65,13 +65,18 @@ class ChunkStore:
     # ---- the request loop's verdict ------------------------------------------------------
     async def evaluate_round(self, cid: str, t: int, round_no: int, streak: int, status: str) -> bool:
         """Record a completed round's evaluation once (EVALUATE_ROUND); False if it was already."""
-        return bool(await self.connection.scripts.call("EVALUATE_ROUND", [self.keys.chunk_meta(cid, t)],
+        return bool(await self.connection.scripts.call("EVALUATE_ROUND", self._status_keys(cid, t),
                                                        [round_no, streak, status]))
 
     async def set_status(self, cid: str, t: int, status: str, closed: bool) -> None:
         """The chunk's status as the request loop last saw it (derived state, not guarded), and
-        whether it saw the chunk closed (`ChunkState.status_closed`)."""
-        await self.redis.hset(self.keys.chunk_meta(cid, t), mapping={"status": status, "status_closed": int(closed)})
+        whether it saw the chunk closed (`ChunkState.status_closed`); a change is counted in the
+        state's ``status_changes`` (SET_STATUS)."""
+        await self.connection.scripts.call("SET_STATUS", self._status_keys(cid, t), [status, int(closed)])
+
+    def _status_keys(self, cid: str, t: int) -> list[str]:
+        """The keys of the scripts that write a chunk's status: its meta and the state's counters."""
+        return [self.keys.chunk_meta(cid, t), self.keys.counters(cid)]
 
     # ---- INGEST ---------------------------------------------------------------------------
     async def apply_ingest(self, calls: list[IngestCall]) -> list[IngestReply]:

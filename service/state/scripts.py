@@ -24,7 +24,7 @@ import msgspec
 
 #: Every script, by the name the store calls it (the file is ``lua/<name lower-cased>.lua``).
 NAMES = ("INGEST", "OPEN_CHUNK", "RESTRATIFY", "FREEZE", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
-         "EVALUATE_ROUND", "LEASE", "RELEASE", "GLOBAL_COUNT", "FORGET", "NOTE_APPLIED",
+         "EVALUATE_ROUND", "SET_STATUS", "LEASE", "RELEASE", "GLOBAL_COUNT", "FORGET", "NOTE_APPLIED",
          "LOWER_APPLIED", "NOTE_ACKNOWLEDGED")
 
 

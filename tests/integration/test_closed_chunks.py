@@ -47,3 +47,26 @@ async def test_a_closed_chunk_is_read_whole_again_only_once_its_labels_or_status
     await small.states(store.chunks, "c", [t])
     await small.states(store.chunks, "d", [t])  # no such state: nothing kept, nothing evicted
     assert len(small._states) == 1
+
+
+async def test_a_status_that_changes_is_counted_once_a_change(store: Store):
+    """EVALUATE_ROUND and SET_STATUS count a chunk's status changes in the state's counters
+    (``status_changes``), and a write of the status it already has counts nothing: what a scrape's
+    memory of closed chunks reads to know that no status moved."""
+    t = 1_700_000_000 // 60
+
+    async def changes() -> int:
+        return int(await store.redis.hget(store.keys.counters("c"), "status_changes") or 0)
+
+    await store.chunks.set_status("c", t, "open", closed=False)  # nothing stored yet: a change
+    assert await changes() == 1
+    await store.chunks.set_status("c", t, "open", closed=True)  # the same status: none
+    assert await changes() == 1
+    assert await store.chunks.evaluate_round("c", t, 1, 1, "open")
+    assert await changes() == 1
+    assert await store.chunks.evaluate_round("c", t, 2, 2, "converged")
+    assert await changes() == 2
+    assert not await store.chunks.evaluate_round("c", t, 2, 2, "open")  # already evaluated: nothing
+    assert await changes() == 2
+    await store.chunks.set_status("c", t, "stopped", closed=True)
+    assert await changes() == 3 and await store.redis.hget(store.keys.chunk_meta("c", t), "status") == b"stopped"

@@ -262,6 +262,7 @@ async def _exercise(store: Store, settings) -> None:
     out = await store.requests.apply_labels([LabelCall(cid, 0, 4, late[0], "1", now, "ann")])
     assert out[0].outcome == "expired"
     assert await store.chunks.evaluate_round(cid, chunk_a, 1, 1, "open")  # EVALUATE_ROUND
+    await store.chunks.set_status(cid, chunk_a, "converged", True)  # SET_STATUS
     assert await store.registry.release_lease(cid, "me")  # RELEASE
     assert await store.offsets.count_invalid("scores", 0, -1, 5, {"bad_json": 2}) == (True, 5)  # GLOBAL_COUNT
     assert await store.offsets.count_unknown_labels(0, -1, 3, 1) == (True, 3)
