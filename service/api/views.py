@@ -13,7 +13,7 @@ from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 from ..chunks import lifecycle
 from ..chunks.lifecycle import chunk_closed
 from ..chunks.report import StrataColumns, chunk_report
-from ..chunks.window import WindowPart, WindowReport, window_chunks, window_lengths, window_report
+from ..chunks.window import WindowPart, WindowReport, pooled_report, window_cells, window_chunks, window_lengths
 from ..labels.calibrated import calibration_doc, chunk_calibrations
 from ..state.keys import first_negative_stratum, negatives_of
 from ..state.chunk_store import ChunkStore
@@ -22,7 +22,8 @@ from ..state.records import ChunkState
 from ..stats.confusion import needs_negatives
 from ..stats.difference import Calibrated
 from ..stats.estimator import Interval
-from .closed_chunks import CLOSED
+from .closed_chunks import CLOSED, label_mark
+from .window_cells import CELLS
 
 
 def _iso(seconds: float) -> str:
@@ -151,9 +152,12 @@ async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cf
     if not summary["meta"]:
         return None
     ids_by_side = [summary["chunk_ids"]] + [o["chunk_ids"] for o in other]
-    wanted, viewed = _to_read(sorted(set().union(*ids_by_side)), cfg, now_s, history)
-    found = [await _read(store, sid, [t for t in wanted if t in set(side_ids)], viewed, cfg, now_s)
-             for sid, side_ids in zip(sides, ids_by_side)]
+    held = sorted(set().union(*ids_by_side))
+    shut = lifecycle.closed_among(held, cfg, now_s)  # the chunks closed, once for every use below
+    wanted, viewed = _to_read(held, shut, cfg, now_s, history)
+    found = [await _read(store, sid, [t for t in wanted if t in set(side_ids)], viewed, shut,
+                         label_mark(overview["counters"]))
+             for sid, side_ids, overview in zip(sides, ids_by_side, [summary, *other])]
     ids = sorted(set().union(*found))
     # precision too where it is not enabled: the top-level fields describe it
     wanted_metrics = tuple(dict.fromkeys(["precision", *cfg.metrics.split(",")]))
@@ -174,37 +178,56 @@ async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cf
               for t in shown]
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in shown], now_s)
     reported_id = next((t for t, c in zip(shown, chunks) if c is reported), None)
-    parts = {t: WindowPart(t, _columns(_sides(lead[t], negatives[t], cfg)), chunk_closed(t, cfg, now_s), whole[t],
-                           complete[t], stopped=lead[t].status == "converged") for t in ids}
+    inputs = {t: (t, lead[t], negatives[t], whole[t], complete[t]) for t in ids}
     doc = {"classifier_id": cid, **_counters_doc(summary, other, cfg, now_s), **_reported_fields(reported, cfg, other)}
-    doc["windows"] = {name: _window_doc(window_report([parts[t] for t in window_chunks(reported_id, ids, k)],
-                                                      cfg.metrics.split(","), cfg.confidence), reported_id, k, cfg)
+    doc["windows"] = {name: _window_doc(_window((store.keys.prefix, cid, k), window_chunks(reported_id, ids, k),
+                                                inputs, shut, cfg), reported_id, k, cfg)
                       for name, k in window_lengths(cfg.windows, cfg.chunk_seconds).items()}
     doc["last_closed"] = _last_closed(shown, chunks, now_s, cfg)
     doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc
 
 
-def _to_read(ids: list[int], cfg, now_s: float, history: bool) -> tuple[list[int], list[int]]:
+def _window(key: tuple, members: list[int], inputs: dict[int, tuple], shut: set[int], cfg) -> WindowReport:
+    """The window of the chunks `members` (oldest first; `inputs`: each chunk's states and flags;
+    `shut`: the chunks closed): its closed chunks' cells as the process remembers them under `key`
+    (`window_cells.CELLS`), pooled with the open chunks' after them."""
+    metrics = tuple(cfg.metrics.split(","))
+    closed = next((i for i, t in enumerate(members) if t not in shut), len(members))
+
+    def parts(ts: list[int]) -> list[WindowPart]:
+        return [WindowPart(t, _columns(_sides(lead, negatives, cfg)), t in shut, whole, complete,
+                           stopped=lead.status == "converged") for t, lead, negatives, whole, complete
+                in (inputs[t] for t in ts)]
+
+    groups = [CELLS.cells(key, tuple(inputs[t] for t in members[:closed]), lambda: parts(members[:closed]),
+                          metrics)] if closed else []
+    if closed < len(members):
+        groups.append(window_cells(parts(members[closed:]), metrics))
+    return pooled_report(groups, metrics, cfg.confidence)
+
+
+def _to_read(ids: list[int], shut: set[int], cfg, now_s: float, history: bool) -> tuple[list[int], list[int]]:
     """The chunks of `ids` to read, and those of them to view whole: all of them with `history`;
     else the two newest started and the last closed one to view, and the chunks of the longest
-    window before them too (their counts only)."""
+    window before them too (their counts only; `shut`: the chunks closed)."""
     if history:
         return ids, ids
     started = [t for t in ids if t * cfg.chunk_seconds <= now_s]
-    closed = [t for t in started if chunk_closed(t, cfg, now_s)]
+    closed = [t for t in started if t in shut]
     viewed = sorted(set(started[-2:] + closed[-1:]))
     longest = max(window_lengths(cfg.windows, cfg.chunk_seconds).values(), default=1)
     return sorted(set(viewed + started[-(longest + 1):])), viewed
 
 
-async def _read(store: ChunkStore, sid: str, ids: list[int], viewed: list[int], cfg, now_s: float
+async def _read(store: ChunkStore, sid: str, ids: list[int], viewed: list[int], shut: set[int], mark: tuple
                 ) -> dict[int, ChunkState]:
     """State `sid`'s chunks `ids` by id: those `viewed` and those still open read whole, the other
-    closed ones (a window's counts only) through the process's memory of closed chunks."""
-    counted = [t for t in ids if t not in viewed and chunk_closed(t, cfg, now_s)]
+    closed ones (a window's counts only) through the process's memory of closed chunks (`mark`:
+    the state's `closed_chunks.label_mark`)."""
+    counted = [t for t in ids if t not in viewed and t in shut]
     whole = await store.chunk_states(sid, [t for t in ids if t not in counted])
-    return {cs.chunk: cs for cs in [*whole, *await CLOSED.states(store, sid, counted)]}
+    return {cs.chunk: cs for cs in [*whole, *await CLOSED.states(store, sid, counted, mark)]}
 
 
 def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float) -> dict:

@@ -36,7 +36,8 @@ _INGEST_ONLY = {"--records": "records", "--partitions": "partitions", "--kafka":
                 "--serve-load": "serve_load", "--repeat": "repeat"}
 #: The modes instead of the Kafka ingest: (attribute, what it is, the options of `_INGEST_ONLY` it uses).
 _MODES = {"--loop-pass": ("loop_pass", "no Kafka, one run", ()),
-          "--ingest-cpu": ("ingest_cpu", "no Kafka, both ingests", ("--records", "--partitions", "--seed", "--repeat"))}
+          "--ingest-cpu": ("ingest_cpu", "no Kafka, both ingests", ("--records", "--partitions", "--seed", "--repeat")),
+          "--scrape-chunks": ("scrape_chunks", "no score records, the scrape alone", ("--kafka",))}
 
 
 def _misplaced(args) -> str | None:
@@ -91,6 +92,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "metric on the same records, over the first --records of a chunk (its reservoirs filling) "
                         "and the next --records (full), and the reservoir candidates per record; medians of "
                         "--repeat; no Kafka")
+    p.add_argument("--scrape-chunks", type=_positive_int, default=None, metavar="C",
+                   help="instead of the ingest: the /metrics scrape with the default 1d window against the "
+                        "windows disabled, when each of --classifiers classifiers holds C one-hour chunks (the "
+                        "C - 1 before the current one closed) with labels in every stratum, written straight "
+                        "into Redis; `stratameter run` started 5 times each way, alternating; per-round scrape "
+                        "medians and the median of the rounds' ratios")
     p.add_argument("--older-chunks", type=_positive_int, default=None, metavar="M",
                    help=f"with --loop-pass: closed chunks per classifier awaiting answers (default {OLDER_CHUNKS})")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -118,6 +125,11 @@ def main(args) -> int:
 
         return _report(args, lambda: ingest_cpu.run(args.redis, args.records, args.classifiers, args.partitions,
                                                     args.seed, args.repeat), _ingest_cpu_table)
+    if args.scrape_chunks:
+        from . import scrape
+
+        return _report(args, lambda: scrape.run(args.kafka, args.redis, args.classifiers, args.scrape_chunks, log),
+                       _scrape_table)
     return _report(args, lambda: bench(args.records, args.classifiers, args.partitions, kafka=args.kafka,
                                        redis=args.redis, seed=args.seed, log=log, all_metrics=args.all_metrics,
                                        redis_cluster=args.redis_cluster, serve=args.serve,
@@ -153,6 +165,22 @@ def _loop_pass_table(doc: dict) -> None:
         r = doc[key]
         t.add_row(what, f"{r['ms_per_classifier']:.2f}", f"{r['cpu_ms_per_classifier']:.2f}",
                   f"{r['redis_commands_per_classifier']:.0f}", f"{r['requests_pending_per_classifier']:.0f}")
+    Console().print(t)
+
+
+def _scrape_table(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"/metrics over {doc['classifiers']:,} classifiers of {doc['chunks']} chunks each "
+                    f"({doc['labels_accepted']:,} labels; the {doc['window']} window pools "
+                    f"{doc['window_chunks']}): seconds, median of each start's scrapes")
+    for col in ("round", "windows off", f"{doc['window']} window", "on / off"):
+        t.add_column(col, justify="right")
+    for i, (r, ratio) in enumerate(zip(doc["rounds"], doc["ratios"])):
+        t.add_row(str(i + 1), f"{r['off']['scrape_seconds_median']:.3f}", f"{r['on']['scrape_seconds_median']:.3f}",
+                  f"{ratio:.3f}")
+    t.add_row("median", f"{doc['off_median']:.3f}", f"{doc['on_median']:.3f}", f"{doc['on_vs_off']:.3f}")
     Console().print(t)
 
 

@@ -70,25 +70,62 @@ def window_report(parts: list[WindowPart], metrics, confidence: float) -> Window
     """Every enabled metric's interval over the cells of `parts` (module docstring).  The parts'
     columns may carry a leading axis of rows, the same windows' cells read at many moments or in
     many runs (`chunk_report`); ``labels`` and ``population`` are then per row."""
+    return pooled_report([window_cells(parts, metrics)] if parts else [], metrics, confidence)
+
+
+@dataclass(frozen=True)
+class WindowCells:
+    """Some chunks of a window side by side, oldest first, as `pooled_report` pools them: their
+    cells' columns and flags, each metric's corrected means (`_means`; none for a metric their own
+    chunks already make null) and the chunks that cannot be pooled.  The cells of a window's closed
+    chunks do not change while their labels do not: `api.window_cells` keeps them between scrapes."""
+
+    chunks: tuple[int, ...]
+    cells: StrataColumns
+    closed: np.ndarray
+    stopped: np.ndarray
+    means: dict[str, CorrectedMeans]
+    lost: tuple[int, ...]
+    partial: tuple[int, ...]
+
+
+def window_cells(parts: list[WindowPart], metrics) -> WindowCells:
+    """The `WindowCells` of `parts` (at least one) for `metrics`."""
     metrics = tuple(metrics)
     parts = sorted(parts, key=lambda p: p.chunk)
     lost = tuple(p.chunk for p in parts if not p.complete)
     partial = tuple(p.chunk for p in parts if p.negatives_complete is False)
-    if not parts:
-        return WindowReport((), dict.fromkeys(metrics), 0, 0, ())
     cells = StrataColumns(*(np.concatenate([getattr(p.columns, c) for p in parts], axis=-1)
                             for c in ("N", "n", "h", "positive")))
     closed, stopped = (np.concatenate([p.per_cell(getattr(p, f)) for p in parts], axis=-1)
                        for f in ("closed", "stopped"))
+    means = {m: _means(parts, m) for m in metrics if not (lost or (partial and needs_negatives([m])))}
+    return WindowCells(tuple(p.chunk for p in parts), cells, closed, stopped, means, lost, partial)
+
+
+def pooled_report(groups: list[WindowCells], metrics, confidence: float) -> WindowReport:
+    """`window_report` over the cells of `groups` (`window_cells` of consecutive runs of a window's
+    chunks, oldest first), side by side: the same figures as over their parts at once (`_means` is
+    elementwise along the chunks)."""
+    metrics = tuple(metrics)
+    if not groups:
+        return WindowReport((), dict.fromkeys(metrics), 0, 0, ())
+    one = groups[0] if len(groups) == 1 else None
+    side = (lambda x: x[0]) if one else (lambda x: np.concatenate(x, axis=-1))  # noqa: E731
+    cells = StrataColumns(*(side([getattr(g.cells, c) for g in groups]) for c in ("N", "n", "h", "positive")))
+    closed, stopped = (side([getattr(g, f) for g in groups]) for f in ("closed", "stopped"))
+    lost = tuple(t for g in groups for t in g.lost)
+    partial = tuple(t for g in groups for t in g.partial)
     intervals: dict[str, Interval | None] = {}
     for m in metrics:
         if lost or (partial and needs_negatives([m])):
             intervals[m] = None
             continue
-        intervals[m] = pooled_interval(m, cells.N, cells.n, cells.h, cells.positive, closed, _means(parts, m),
-                                       stopped, confidence)
+        means = CorrectedMeans(*(side([getattr(g.means[m], f) for g in groups]) for f in ("at_stop", "now")))
+        intervals[m] = pooled_interval(m, cells.N, cells.n, cells.h, cells.positive, closed, means, stopped,
+                                       confidence)
     named = lost or (partial if any(needs_negatives([m]) for m in metrics) else ())
-    return WindowReport(tuple(p.chunk for p in parts), intervals, _total(cells.n), _total(cells.N),
+    return WindowReport(tuple(t for g in groups for t in g.chunks), intervals, _total(cells.n), _total(cells.N),
                         tuple(sorted(set(named))))
 
 

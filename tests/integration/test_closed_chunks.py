@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stratameter.api.closed_chunks import ClosedChunks
+from stratameter.api.closed_chunks import ClosedChunks, label_mark
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state.store import Store
@@ -70,3 +70,32 @@ async def test_a_status_that_changes_is_counted_once_a_change(store: Store):
     assert await changes() == 2
     await store.chunks.set_status("c", t, "stopped", closed=True)
     assert await changes() == 3 and await store.redis.hget(store.keys.chunk_meta("c", t), "status") == b"stopped"
+
+
+async def test_a_closed_chunk_is_not_read_at_all_while_its_states_label_mark_stands(store: Store, monkeypatch):
+    """`label_mark`: while the state's counters say no label was folded since a chunk was found
+    current, not even its label counts are read; a new mark reads them again (and the chunk whole
+    only if they changed)."""
+    settings = load_settings({"STRATAMETER_REDIS_URL": "redis://unused", "STRATAMETER_CHUNK_SECONDS": "60"})
+    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+    n = 300
+    await ingest.apply(0, np.arange(n), ["c"] * n, [f"i{j}" for j in range(n)], np.random.default_rng(1).random(n),
+                       np.ones(n, bool), np.full(n, 1_700_000_000_000), [None] * n)
+    t = 1_700_000_000 // 60
+    counted = []
+    read_counts = store.chunks.label_counts
+
+    async def counting(sid, ids):
+        counted.append(list(ids))
+        return await read_counts(sid, ids)
+
+    monkeypatch.setattr(store.chunks, "label_counts", counting)
+    closed = ClosedChunks()
+    first = await closed.states(store.chunks, "c", [t], mark=("3", "100"))
+    assert counted == []  # not known yet: read whole
+    assert (await closed.states(store.chunks, "c", [t], mark=("3", "100")))[0] is first[0] and counted == []
+    assert (await closed.states(store.chunks, "c", [t], mark=("4", "200")))[0] is first[0] and counted == [[t]]
+    assert (await closed.states(store.chunks, "c", [t], mark=("4", "200")))[0] is first[0] and counted == [[t]]
+    assert (await closed.states(store.chunks, "c", [t]))[0] is first[0] and counted == [[t], [t]]  # no mark
+    assert label_mark({"labels_accepted": "4", "last_label_ms": "200", "requests_total": "9",
+                       "status_changes": "2"}) == ("4", "200", "2")

@@ -96,6 +96,9 @@ def test_bench_rejects_a_bad_record_count(capsys):
     (["--ingest-cpu", "--kafka", "localhost:9092", "--serve"], "--kafka, --serve: not with --ingest-cpu"),
     (["--ingest-cpu", "--loop-pass"], "--loop-pass, --ingest-cpu: one at a time"),
     (["--ingest-cpu", "--older-chunks", "2"], "--older-chunks goes with --loop-pass"),
+    (["--scrape-chunks", "24", "--serve", "--records", "10"], "--records, --serve: not with --scrape-chunks"),
+    (["--scrape-chunks", "24", "--loop-pass"], "--loop-pass, --scrape-chunks: one at a time"),
+    (["--scrape-chunks", "24", "--older-chunks", "2"], "--older-chunks goes with --loop-pass"),
 ])
 def test_bench_refuses_options_that_do_not_go_together(argv, message, capsys):
     from stratameter.cli import main
@@ -161,7 +164,8 @@ def test_bench_command_json_line(kafka_bootstrap, redis_url, capsys):
 
     args = argparse.Namespace(records=600, classifiers=2, partitions=1, kafka=kafka_bootstrap, redis=redis_url,
                               seed=0, json=True, all_metrics=False, redis_cluster=False, serve=0, serve_load=0.5,
-                              repeat=1, loop_pass=False, ingest_cpu=False, older_chunks=None)
+                              repeat=1, loop_pass=False, ingest_cpu=False, older_chunks=None,
+                              scrape_chunks=None)
     assert bench_main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
@@ -183,6 +187,24 @@ def test_bench_loop_pass_reads_no_quiet_older_chunk(capsys):
     assert slow["requests_pending_per_classifier"] > floor["requests_pending_per_classifier"] > 0
     assert 0 < slow["redis_commands_per_classifier"] <= floor["redis_commands_per_classifier"] + 2
     assert slow["ms_per_classifier"] > 0 and doc["vs_newest_two_only"] > 0
+
+
+async def test_bench_scrape_chunks_pools_every_chunk_of_the_window(kafka_bootstrap, redis_url):
+    """`--scrape-chunks`: every chunk of every classifier gets its labels in every stratum, the
+    window pools every chunk with a finite estimate (the untimed start checks it, or the run
+    fails), and each round starts the service with the windows off, then on (one round here)."""
+    from stratameter.bench.scrape import LABELS_PER_STRATUM, scrape_bench
+
+    logged: list[str] = []
+    doc = await scrape_bench(kafka_bootstrap, redis_url, classifiers=2, chunks=3, log=logged.append, rounds=1)
+    assert doc["window_chunks"] == 3 and 0 <= doc["window_estimate"] <= 1
+    assert doc["labels_accepted"] == doc["window_labels"] * 2 == 2 * 3 * 4 * LABELS_PER_STRATUM  # 4 strata
+    assert [m for m in logged if m.startswith("round")] == ["round 1 of 1: windows off", "round 1 of 1: windows on"]
+    (only,) = doc["rounds"]
+    assert all(only[k]["scrape_seconds_median"] > 0 and only[k]["scrape_series"] > 0 for k in ("off", "on"))
+    assert only["on"]["scrape_series"] > only["off"]["scrape_series"]  # the window's series
+    assert doc["on_vs_off"] == doc["ratios"][0] == pytest.approx(
+        only["on"]["scrape_seconds_median"] / only["off"]["scrape_seconds_median"], abs=1e-3)
 
 
 def test_partition_batches_take_the_partitions_in_turn():
