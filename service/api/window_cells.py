@@ -1,12 +1,12 @@
-"""What a scrape remembers of a window's closed chunks: their cells side by side with each metric's
-corrected means (`chunks.window.WindowCells`), so that a scrape pools them with the open chunks'
-instead of computing them again.  A closed chunk's cells change only with its labels (its items are
-final), and the memory holds them only while every closed chunk of the window is what it was: the
-same chunks, each with the same counts per stratum (`api.closed_chunks` hands back the very state
-it read before while its labels have not changed; a chunk read whole again is compared by its
-counts), status and flags.  The figures are those of the window's chunks pooled at once
-(`chunks.window.pooled_report`).  Process-local and bounded (`CACHED_WINDOWS` windows, least
-recently used out first)."""
+"""What a scrape remembers of a window's closed chunks: each metric's sums over their cells
+(`chunks.window.WindowCells`, `stats.pooled.CellSums`), so that a scrape adds the open chunks' to
+them instead of computing them again.  A closed chunk's cells change only with its labels and its
+status (its items are final), and the memory holds them only while every closed chunk of the window
+is what it was: the same chunks, each with the same counts per stratum (`api.closed_chunks` hands
+back the very state it read before while its labels and status have not changed; a chunk read whole
+again is compared by its counts), status and flags.  The figures are those of the window's chunks
+pooled at once (`chunks.window.pooled_report`).  Process-local and bounded (`CACHED_WINDOWS`
+windows, least recently used out first)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ ChunkInputs = tuple[int, ChunkState | None, ChunkState | None, bool, bool | None
 
 
 class ClosedCells:
-    """The cells of windows' closed chunks, computed once while those chunks do not change."""
+    """The sums of windows' closed chunks, computed once while those chunks do not change."""
 
     def __init__(self, size: int = CACHED_WINDOWS) -> None:
         self.size = size

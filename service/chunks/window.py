@@ -22,13 +22,15 @@ them; the window names those chunks.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..stats.confusion import needs_negatives
 from ..stats.estimator import Interval
-from ..stats.pooled import CorrectedMeans, corrected_means, pooled_interval
+from ..stats.pooled import CellSums, CorrectedMeans, cell_sums, corrected_means, interval_of_sums
 from .report import StrataColumns
 
 
@@ -75,23 +77,22 @@ def window_report(parts: list[WindowPart], metrics, confidence: float) -> Window
 
 @dataclass(frozen=True)
 class WindowCells:
-    """Some chunks of a window side by side, oldest first, as `pooled_report` pools them: their
-    cells' columns and flags, each metric's corrected means (`_means`; none for a metric their own
-    chunks already make null) and the chunks that cannot be pooled.  The cells of a window's closed
-    chunks do not change while their labels do not: `api.window_cells` keeps them between scrapes."""
+    """Some chunks of a window, as `pooled_report` pools them: each metric's sums over their cells
+    (`stats.pooled.CellSums` of the proportions corrected in each chunk's own frame, `_means`; none
+    for a metric their own chunks already make null), their labels and items, and the chunks that
+    cannot be pooled.  The sums of a window's closed chunks do not change while their labels and
+    statuses do not: `api.window_cells` keeps them between scrapes."""
 
     chunks: tuple[int, ...]
-    cells: StrataColumns
-    closed: np.ndarray
-    stopped: np.ndarray
-    means: dict[str, CorrectedMeans]
+    sums: dict[str, CellSums]
+    labels: int | np.ndarray
+    population: int | np.ndarray
     lost: tuple[int, ...]
     partial: tuple[int, ...]
 
 
 def window_cells(parts: list[WindowPart], metrics) -> WindowCells:
     """The `WindowCells` of `parts` (at least one) for `metrics`."""
-    metrics = tuple(metrics)
     parts = sorted(parts, key=lambda p: p.chunk)
     lost = tuple(p.chunk for p in parts if not p.complete)
     partial = tuple(p.chunk for p in parts if p.negatives_complete is False)
@@ -99,21 +100,18 @@ def window_cells(parts: list[WindowPart], metrics) -> WindowCells:
                             for c in ("N", "n", "h", "positive")))
     closed, stopped = (np.concatenate([p.per_cell(getattr(p, f)) for p in parts], axis=-1)
                        for f in ("closed", "stopped"))
-    means = {m: _means(parts, m) for m in metrics if not (lost or (partial and needs_negatives([m])))}
-    return WindowCells(tuple(p.chunk for p in parts), cells, closed, stopped, means, lost, partial)
+    sums = {m: cell_sums(cells.N, cells.n, cells.h, cells.positive, closed, _means(parts, m), stopped)
+            for m in metrics if not (lost or (partial and needs_negatives([m])))}
+    return WindowCells(tuple(p.chunk for p in parts), sums, _total(cells.n), _total(cells.N), lost, partial)
 
 
 def pooled_report(groups: list[WindowCells], metrics, confidence: float) -> WindowReport:
-    """`window_report` over the cells of `groups` (`window_cells` of consecutive runs of a window's
-    chunks, oldest first), side by side: the same figures as over their parts at once (`_means` is
-    elementwise along the chunks)."""
+    """`window_report` over the chunks of `groups` (`window_cells` of disjoint runs of a window's
+    chunks): their sums added (`stats.pooled.CellSums`), the same figures as over their parts at
+    once up to the order of the additions."""
     metrics = tuple(metrics)
     if not groups:
         return WindowReport((), dict.fromkeys(metrics), 0, 0, ())
-    one = groups[0] if len(groups) == 1 else None
-    side = (lambda x: x[0]) if one else (lambda x: np.concatenate(x, axis=-1))  # noqa: E731
-    cells = StrataColumns(*(side([getattr(g.cells, c) for g in groups]) for c in ("N", "n", "h", "positive")))
-    closed, stopped = (side([getattr(g, f) for g in groups]) for f in ("closed", "stopped"))
     lost = tuple(t for g in groups for t in g.lost)
     partial = tuple(t for g in groups for t in g.partial)
     intervals: dict[str, Interval | None] = {}
@@ -121,12 +119,10 @@ def pooled_report(groups: list[WindowCells], metrics, confidence: float) -> Wind
         if lost or (partial and needs_negatives([m])):
             intervals[m] = None
             continue
-        means = CorrectedMeans(*(side([getattr(g.means[m], f) for g in groups]) for f in ("at_stop", "now")))
-        intervals[m] = pooled_interval(m, cells.N, cells.n, cells.h, cells.positive, closed, means, stopped,
-                                       confidence)
+        intervals[m] = interval_of_sums(m, functools.reduce(operator.add, (g.sums[m] for g in groups)), confidence)
     named = lost or (partial if any(needs_negatives([m]) for m in metrics) else ())
-    return WindowReport(tuple(t for g in groups for t in g.chunks), intervals, _total(cells.n), _total(cells.N),
-                        tuple(sorted(set(named))))
+    return WindowReport(tuple(sorted(t for g in groups for t in g.chunks)), intervals, sum(g.labels for g in groups),
+                        sum(g.population for g in groups), tuple(sorted(set(named))))
 
 
 def _means(parts: list[WindowPart], metric: str) -> CorrectedMeans:

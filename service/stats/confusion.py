@@ -101,7 +101,11 @@ def value(metric: str, N, p, positive) -> np.ndarray:
     NaN where the metric is undefined (no predicted positive for precision,
     no true positive for recall, nothing at all for F1).
     """
-    tp, fn, n_pos, n_all = _totals(N, p, positive)
+    return value_of_totals(metric, *_totals(N, p, positive))
+
+
+def value_of_totals(metric: str, tp, fn, n_pos, n_all) -> np.ndarray:
+    """`value` from the totals ``(TP, FN, N_pos, N)`` (`_totals`)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         if metric == "precision":
             num, den = tp, n_pos
@@ -118,32 +122,37 @@ def value(metric: str, N, p, positive) -> np.ndarray:
 
 
 def gradient(metric: str, N, p, positive) -> np.ndarray:
-    """``dM/dp_k`` per stratum (the linearised variable's weight, Taylor 1st order).
-
-    * precision ``N_k / N_pos`` on positive strata, 0 on negative ones;
-    * recall ``N_k FN / (TP+FN)^2`` (positive), ``-N_k TP / (TP+FN)^2`` (negative);
-    * F1 with ``D = N_pos + TP + FN``: ``2 N_k (N_pos + FN) / D^2`` (positive),
-      ``-2 N_k TP / D^2`` (negative);
-    * accuracy ``N_k / N`` (positive), ``-N_k / N`` (negative).
-    """
+    """``dM/dp_k`` per stratum (the linearised variable's weight, Taylor 1st order): ``N_k`` times
+    its side's slope (`side_slopes`), 0 for an empty stratum."""
     N = np.asarray(N, dtype=float)
     pos = np.asarray(positive, dtype=bool)
-    tp, fn, n_pos, n_all = (t[..., None] for t in _totals(N, p, positive))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if metric == "precision":
-            on_pos, on_neg = 1.0 / n_pos, 0.0
-        elif metric == "recall":
-            den = (tp + fn) ** 2
-            on_pos, on_neg = fn / den, -tp / den
-        elif metric == "f1":
-            den = (n_pos + tp + fn) ** 2
-            on_pos, on_neg = 2.0 * (n_pos + fn) / den, -2.0 * tp / den
-        elif metric == "accuracy":
-            on_pos, on_neg = 1.0 / n_all, -1.0 / n_all
-        else:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    on_pos, on_neg = side_slopes(metric, *(t[..., None] for t in _totals(N, p, positive)))
+    with np.errstate(invalid="ignore"):
         g = N * np.where(pos, on_pos, on_neg)
     return np.where(N > 0, np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0), 0.0)
+
+
+def side_slopes(metric: str, tp, fn, n_pos, n_all) -> tuple:
+    """``dM/dp_k / N_k`` on the predicted positives' strata and on the predicted negatives', from
+    the totals ``(TP, FN, N_pos, N)``:
+
+    * precision ``1 / N_pos`` (positive), 0 (negative);
+    * recall ``FN / (TP+FN)^2`` (positive), ``-TP / (TP+FN)^2`` (negative);
+    * F1 with ``D = N_pos + TP + FN``: ``2 (N_pos + FN) / D^2`` (positive), ``-2 TP / D^2`` (negative);
+    * accuracy ``1 / N`` (positive), ``-1 / N`` (negative).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if metric == "precision":
+            return 1.0 / n_pos, 0.0
+        if metric == "recall":
+            den = (tp + fn) ** 2
+            return fn / den, -tp / den
+        if metric == "f1":
+            den = (n_pos + tp + fn) ** 2
+            return 2.0 * (n_pos + fn) / den, -2.0 * tp / den
+        if metric == "accuracy":
+            return 1.0 / n_all, -1.0 / n_all
+    raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
 
 
 def linearised_variance(metric: str, N, n, h, positive, fpc: bool = True, p_var=None) -> np.ndarray:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .confusion import RATIO_METRICS, correct_counts, gradient, population, ratio_shifts, value
+from .confusion import RATIO_METRICS, correct_counts, population, ratio_shifts, side_slopes, value_of_totals
 from .estimator import (
     STOPPING_VARIANCE_MARGIN,
     Interval,
@@ -93,35 +93,81 @@ def _mean_shifts(N, n, h, fpc: bool) -> tuple[np.ndarray, np.ndarray]:
     return mean_shifts(S, D, D.p * (1.0 - D.p), S.W2, guarded_variance(S, D, fpc), fpc)
 
 
-def pooled_interval(metric: str, N, n, h, positive, closed, means: CorrectedMeans, stopped,
-                    confidence: float) -> Interval:
-    """`metric`'s interval over pooled cells (module docstring): per cell (last axis) its items `N`,
-    labels `n`, positive labels `h`, whether it holds predicted `positive`s, whether its chunk has
-    `closed` (the finite population correction), its chunk's `means` (`corrected_means`, concatenated)
-    and whether its chunk's loop has `stopped` on the rule (its reading is then at the stop).  The
-    bounds are around the cells' estimates at the stop (as a chunk's are, `estimator.Interval`); the
-    estimate is the cells' readings.  Undefined where the metric has no population; NaN bounds where
-    a cell of the metric has fewer than 2 labels."""
+@dataclass(frozen=True)
+class CellSums:
+    """What a window's interval for one metric needs of some of its cells, summed over them: per side
+    of the threshold (last axis: the predicted positives' cells, then the predicted negatives'; any
+    leading axes are rows), the items ``sum N_k``, the corrected positives at the rule's stop and as
+    read (``sum N_k p_k`` with `CorrectedMeans`' proportions), the positives at the half-label
+    proportions (``sum N_k pbar_k``), the spread ``sum N_k^2 Var_k`` (`estimator.stratum_variances` at
+    those proportions, with the finite population correction in a closed chunk's cells), the labels,
+    and whether a cell with items has no label.  Sums of disjoint cells add (`+`): a window's
+    closed chunks are summed once (`api.window_cells`) and its open chunk's added at each scrape.
+
+    Every figure of `interval_of_sums` is a function of these sums: the metric of the totals
+    (``TP``, ``FN``, `confusion.value_of_totals`), and the linearised variance, whose gradient is
+    ``N_k`` times a slope of its side (`confusion.side_slopes`), so that ``sum_k g_k^2 Var_k`` is
+    ``sum_side slope^2 * spread``."""
+
+    items: np.ndarray
+    at_stop: np.ndarray
+    reading: np.ndarray
+    smooth: np.ndarray
+    spread: np.ndarray
+    labels: np.ndarray
+    missing: np.ndarray
+
+    def __add__(self, other: "CellSums") -> "CellSums":
+        return CellSums(*(np.logical_or(a, b) if f == "missing" else a + b
+                          for f, a, b in ((f, getattr(self, f), getattr(other, f)) for f in _SUMS)))
+
+
+_SUMS = ("items", "at_stop", "reading", "smooth", "spread", "labels", "missing")
+
+
+def cell_sums(N, n, h, positive, closed, means: CorrectedMeans, stopped) -> CellSums:
+    """The `CellSums` of cells (last axis): their items `N`, labels `n`, positive labels `h`, whether
+    they hold predicted `positive`s, whether their chunk has `closed`, their chunks' `means`
+    (`corrected_means`, side by side) and whether their chunk's loop has `stopped` on the rule (its
+    reading is then at the stop)."""
     N, n, h = (np.asarray(x, dtype=float) for x in (N, n, h))
     pos = np.asarray(positive, dtype=bool)
-    empty = population(metric, N, pos) <= 0
+    p_var = half_label_smoothed(n, h)
+    var_k = np.where(closed, stratum_variances(N, n, p_var, True), stratum_variances(N, n, p_var, False))
+    with np.errstate(invalid="ignore"):  # inf x 0 in an empty cell: it has no spread
+        spread = np.where(N > 0, N * N * var_k, 0.0)
+    per_cell = (N, N * means.at_stop, N * means.reading(stopped), N * np.clip(p_var, 1e-9, 1.0 - 1e-9), spread, n,
+                (n == 0) & (N > 0))
+    return CellSums(*(np.stack([np.sum(np.where(side, x, 0), axis=-1) for side in (pos, ~pos)], axis=-1)
+                      for x in per_cell))
+
+
+def interval_of_sums(metric: str, sums: CellSums, confidence: float) -> Interval:
+    """`metric`'s interval from its cells' `CellSums` (module docstring): the bounds around the
+    estimate at the rule's stop (as a chunk's are, `estimator.Interval`), the estimate the cells'
+    readings.  Undefined where the metric has no population; NaN bounds where a cell of the metric
+    has fewer than 2 labels."""
+    n_pos, n_all = sums.items[..., 0], sums.items.sum(axis=-1)
+    empty = (n_pos if metric == "precision" else n_all) <= 0
     if np.all(empty):
         return undefined_interval(np.shape(empty))
-    N = np.where(np.asarray(empty)[..., None], 1.0, N)
-    counted = pos if metric == "precision" else np.ones_like(pos)
-    missing = ((n == 0) & (N > 0) & counted).any(axis=-1)
-    p_var = half_label_smoothed(n, h)
-    g = gradient(metric, N, np.clip(p_var, 1e-9, 1.0 - 1e-9), pos)
-    var_k = np.where(closed, stratum_variances(N, n, p_var, True), stratum_variances(N, n, p_var, False))
-    with np.errstate(invalid="ignore"):
-        var = np.sum(np.where(g != 0.0, g * g * var_k, 0.0), axis=-1)
-    est, now = (np.where(missing, np.nan, value(metric, N, m, pos)) for m in (means.at_stop, means.reading(stopped)))
-    labels = np.sum(np.where(counted, n, 0.0), axis=-1)
+    counted = slice(0, 1) if metric == "precision" else slice(0, 2)
+    missing = sums.missing[..., counted].any(axis=-1)
+
+    def metric_of(positives) -> np.ndarray:
+        return value_of_totals(metric, positives[..., 0], positives[..., 1], n_pos, n_all)
+
+    slopes = [np.nan_to_num(np.asarray(a, dtype=float), nan=0.0, posinf=0.0, neginf=0.0)
+              for a in side_slopes(metric, sums.smooth[..., 0], sums.smooth[..., 1], n_pos, n_all)]
+    with np.errstate(invalid="ignore"):  # a side with no slope: its spread (maybe inf) does not count
+        var = sum(np.where(a != 0.0, a * a * sums.spread[..., i], 0.0) for i, a in enumerate(slopes))
+    est, now = (np.where(missing, np.nan, metric_of(x)) for x in (sums.at_stop, sums.reading))
+    labels = sums.labels[..., counted].sum(axis=-1)
     z = z_value(confidence)
     if metric not in RATIO_METRICS:
         iv = wilson_design_effect(est, var, labels, z, now)
     else:  # the effective size at the guarded metric, as `confusion.moments_ratio_interval`
-        m_smooth = value(metric, N, np.clip(p_var, 1e-9, 1.0 - 1e-9), pos)
+        m_smooth = metric_of(sums.smooth)
         with np.errstate(divide="ignore", invalid="ignore"):
             n_eff = np.minimum(np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN),
                                labels)
