@@ -10,7 +10,8 @@ answers by LABEL (`RequestStore`), as the request loop and the label folder writ
 with the default ``1d``, alternating (off, on, off, ...), and each start's `/metrics` is scraped
 `serve.SCRAPES` times once it owns every classifier.  The hourly label budget is left spent by the seeding, so the request loop
 issues nothing and the state does not change between starts; one untimed start first (``1d``) checks
-that the window pools C chunks with a finite estimate."""
+that the window pools C chunks with a finite estimate and stays until the request loop has judged
+every chunk (`_settled`): the timed starts run over a settled state, as a restarted service does."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ async def _start(env: dict[str, str], cids: list[str], windows: str, timeout_s: 
                                 stderr=subprocess.STDOUT)
         try:
             owned_s = await _until_owned(port, cids, proc, timeout_s)
-            out = await _checked(port, cids[0]) if check else await _scrapes(port)
+            out = {**await _checked(port, cids[0]), **await _settled(env, cids)} if check else await _scrapes(port)
         except BaseException:
             logfile.seek(0)
             sys.stderr.write(logfile.read()[-4000:].decode(errors="replace"))
@@ -138,6 +139,31 @@ async def _start(env: dict[str, str], cids: list[str], windows: str, timeout_s: 
             except subprocess.TimeoutExpired:
                 proc.kill()
     return {"owned_seconds": round(owned_s, 3), **out}
+
+
+async def _settled(env: dict[str, str], cids: list[str], quiet_s: float = 10.0, timeout_s: float = 300.0) -> dict:
+    """Wait until the request loop has judged every seeded chunk: the classifiers' ``status_changes``
+    (each closed chunk's first status write counts once, `state.lua.set_status`) unchanged for
+    `quiet_s`, so the timed starts run over a settled state, as a restarted service does."""
+    from ..config import load_settings
+    from ..state.keys import Keys
+
+    redis, keys = load_settings(env).redis_client(), Keys(env["STRATAMETER_REDIS_KEY_PREFIX"])
+    t0, last, since = time.monotonic(), None, time.monotonic()
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            pipe = redis.pipeline()
+            for c in cids:
+                pipe.hget(keys.counters(c), "status_changes")
+            total = sum(int(x or 0) for x in await pipe.execute())
+            if total != last:
+                last, since = total, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                break
+            await asyncio.sleep(1.0)
+    finally:
+        await redis.aclose()
+    return {"settled_seconds": round(time.monotonic() - t0, 1), "status_changes": last}
 
 
 async def _checked(port: int, cid: str) -> dict:

@@ -70,8 +70,8 @@ class ChunkStore:
 
     async def set_status(self, cid: str, t: int, status: str, closed: bool) -> None:
         """The chunk's status as the request loop last saw it (derived state, not guarded), and
-        whether it saw the chunk closed (`ChunkState.status_closed`); a change is counted in the
-        state's ``status_changes`` (SET_STATUS)."""
+        whether it saw the chunk closed (`ChunkState.status_closed`); a closed chunk's change is
+        counted in the state's ``status_changes`` (SET_STATUS)."""
         await self.connection.scripts.call("SET_STATUS", self._status_keys(cid, t), [status, int(closed)])
 
     def _status_keys(self, cid: str, t: int) -> list[str]:

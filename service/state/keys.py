@@ -47,7 +47,7 @@ Per classifier ``<prefix>:{cid}:...``
   pending             zset   request id -> deadline (ms), requests not yet answered or expired
   counters            hash   labels_accepted, labels_skipped, labels_duplicate, labels_expired,
                              labels_unknown, last_label_ms, requests_total, requests_expired,
-                             status_changes (EVALUATE_ROUND, SET_STATUS: a chunk's status changed)
+                             status_changes (EVALUATE_ROUND, SET_STATUS: a closed chunk's status changed)
   hourly              hash   hour (epoch h) -> label requests issued
   lease               string instance id holding the request loop (PX lease, fences ISSUE)
 

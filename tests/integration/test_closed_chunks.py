@@ -49,27 +49,30 @@ async def test_a_closed_chunk_is_read_whole_again_only_once_its_labels_or_status
     assert len(small._states) == 1
 
 
-async def test_a_status_that_changes_is_counted_once_a_change(store: Store):
-    """EVALUATE_ROUND and SET_STATUS count a chunk's status changes in the state's counters
-    (``status_changes``), and a write of the status it already has counts nothing: what a scrape's
-    memory of closed chunks reads to know that no status moved."""
+async def test_a_closed_chunks_status_change_is_counted(store: Store):
+    """SET_STATUS and EVALUATE_ROUND count in the state's counters (``status_changes``) a closed
+    chunk's status that changes and the first write that sees the chunk closed, not an open chunk's
+    (it may move every step), nor a write of the status it already has: what a scrape's memory of
+    closed chunks reads to know that no closed chunk's status moved."""
     t = 1_700_000_000 // 60
 
     async def changes() -> int:
         return int(await store.redis.hget(store.keys.counters("c"), "status_changes") or 0)
 
-    await store.chunks.set_status("c", t, "open", closed=False)  # nothing stored yet: a change
+    await store.chunks.set_status("c", t, "open", closed=False)
+    await store.chunks.set_status("c", t, "converged", closed=False)  # open: not counted
+    assert await changes() == 0
+    await store.chunks.set_status("c", t, "converged", closed=True)  # seen closed the first time
     assert await changes() == 1
-    await store.chunks.set_status("c", t, "open", closed=True)  # the same status: none
+    await store.chunks.set_status("c", t, "converged", closed=True)  # nothing moved
     assert await changes() == 1
-    assert await store.chunks.evaluate_round("c", t, 1, 1, "open")
-    assert await changes() == 1
-    assert await store.chunks.evaluate_round("c", t, 2, 2, "converged")
+    await store.chunks.set_status("c", t, "open", closed=True)  # a closed chunk's status moved
     assert await changes() == 2
+    assert await store.chunks.evaluate_round("c", t, 1, 1, "converged")
+    assert await changes() == 3
+    assert await store.chunks.evaluate_round("c", t, 2, 2, "converged")  # the same status
     assert not await store.chunks.evaluate_round("c", t, 2, 2, "open")  # already evaluated: nothing
-    assert await changes() == 2
-    await store.chunks.set_status("c", t, "stopped", closed=True)
-    assert await changes() == 3 and await store.redis.hget(store.keys.chunk_meta("c", t), "status") == b"stopped"
+    assert await changes() == 3 and await store.redis.hget(store.keys.chunk_meta("c", t), "status") == b"converged"
 
 
 async def test_a_closed_chunk_is_not_read_at_all_while_its_states_label_mark_stands(store: Store, monkeypatch):

@@ -199,6 +199,7 @@ async def test_bench_scrape_chunks_pools_every_chunk_of_the_window(kafka_bootstr
     doc = await scrape_bench(kafka_bootstrap, redis_url, classifiers=2, chunks=3, log=logged.append, rounds=1)
     assert doc["window_chunks"] == 3 and 0 <= doc["window_estimate"] <= 1
     assert doc["labels_accepted"] == doc["window_labels"] * 2 == 2 * 3 * 4 * LABELS_PER_STRATUM  # 4 strata
+    assert doc["status_changes"] >= 2 * 2  # every closed chunk judged once before the timed starts
     assert [m for m in logged if m.startswith("round")] == ["round 1 of 1: windows off", "round 1 of 1: windows on"]
     (only,) = doc["rounds"]
     assert all(only[k]["scrape_seconds_median"] > 0 and only[k]["scrape_series"] > 0 for k in ("off", "on"))
