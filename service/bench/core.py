@@ -299,6 +299,20 @@ async def _serve(backends: dict[str, dict], kafka: str, names: dict[str, str], c
     return out
 
 
+def embedded_backends(stack, kafka: str | None, redis: str | None, log: Callable[[str], None]) -> tuple[str, str]:
+    """The Kafka bootstrap servers and Redis URL given, an embedded tansu and Redis (entered on
+    `stack`, an `ExitStack`) for those not given."""
+    from ..embedded import EmbeddedKafka, EmbeddedRedis
+
+    if kafka is None:
+        log("starting embedded Kafka (tansu)")
+        kafka = stack.enter_context(EmbeddedKafka()).bootstrap
+    if redis is None:
+        log("starting embedded Redis")
+        redis = stack.enter_context(EmbeddedRedis()).url
+    return kafka, redis
+
+
 def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, kafka: str | None = None,
           redis: str | None = None, memory_at: list[int] | None = None, seed: int = 0,
           log: Callable[[str], None] = lambda msg: None, all_metrics: bool = False,
@@ -307,15 +321,10 @@ def bench(records: int = 500_000, classifiers: int = 10, partitions: int = 3, ka
     cluster node's URL, or True for a local three-master cluster)."""
     from contextlib import ExitStack
 
-    from ..embedded import EmbeddedKafka, EmbeddedRedis, EmbeddedRedisCluster
+    from ..embedded import EmbeddedRedisCluster
 
     with ExitStack() as stack:
-        if kafka is None:
-            log("starting embedded Kafka (tansu)")
-            kafka = stack.enter_context(EmbeddedKafka()).bootstrap
-        if redis is None:
-            log("starting embedded Redis")
-            redis = stack.enter_context(EmbeddedRedis()).url
+        kafka, redis = embedded_backends(stack, kafka, redis, log)
         if redis_cluster is True:
             log("starting a local Redis Cluster (three masters)")
             redis_cluster = stack.enter_context(EmbeddedRedisCluster()).url

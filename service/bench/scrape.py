@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -116,28 +113,15 @@ async def _start(env: dict[str, str], cids: list[str], windows: str, timeout_s: 
     classifier, then `SCRAPES` scrapes of /metrics (`serve._scrapes`); with `check`, the window of the
     first classifier's document (`_checked`) instead of the scrapes."""
     from ..embedded import find_free_port
-    from .serve import _scrapes, _until_owned
+    from .serve import _scrapes, _until_owned, service_process
 
     port = find_free_port()
     env = {**os.environ, **env, "STRATAMETER_WINDOWS": windows, "STRATAMETER_HTTP_PORT": str(port),
            "STRATAMETER_HTTP_HOST": "127.0.0.1", "STRATAMETER_INSTANCE_ID": "bench",
            "STRATAMETER_MAX_LABELS_PER_HOUR": "1", "STRATAMETER_LOG_LEVEL": "WARNING"}
-    with tempfile.TemporaryFile() as logfile:
-        proc = subprocess.Popen([sys.executable, "-m", "stratameter.cli", "run"], env=env, stdout=logfile,
-                                stderr=subprocess.STDOUT)
-        try:
-            owned_s = await _until_owned(port, cids, proc, timeout_s)
-            out = {**await _checked(port, cids[0]), **await _settled(env, cids)} if check else await _scrapes(port)
-        except BaseException:
-            logfile.seek(0)
-            sys.stderr.write(logfile.read()[-4000:].decode(errors="replace"))
-            raise
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    with service_process(env) as proc:
+        owned_s = await _until_owned(port, cids, proc, timeout_s)
+        out = {**await _checked(port, cids[0]), **await _settled(env, cids)} if check else await _scrapes(port)
     return {"owned_seconds": round(owned_s, 3), **out}
 
 
@@ -218,13 +202,8 @@ def run(kafka: str | None, redis: str | None, classifiers: int, chunks: int, log
     """`scrape_bench` with an embedded tansu and Redis for those not given."""
     from contextlib import ExitStack
 
-    from ..embedded import EmbeddedKafka, EmbeddedRedis
+    from .core import embedded_backends
 
     with ExitStack() as stack:
-        if kafka is None:
-            log("starting embedded Kafka (tansu)")
-            kafka = stack.enter_context(EmbeddedKafka()).bootstrap
-        if redis is None:
-            log("starting embedded Redis")
-            redis = stack.enter_context(EmbeddedRedis()).url
+        kafka, redis = embedded_backends(stack, kafka, redis, log)
         return asyncio.run(scrape_bench(kafka, redis, classifiers, chunks, log))

@@ -22,13 +22,14 @@ label budget raised.  Then:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -53,16 +54,25 @@ async def serve_bench(env: dict[str, str], kafka: str, topics: dict[str, str], c
            "STRATAMETER_HTTP_PORT": str(port), "STRATAMETER_HTTP_HOST": "127.0.0.1",
            "STRATAMETER_INSTANCE_ID": "bench", "STRATAMETER_MAX_LABELS_PER_HOUR": "100000000",
            "STRATAMETER_LABEL_TIMEOUT_SECONDS": "3600", "STRATAMETER_LOG_LEVEL": "WARNING"}
+    with service_process(env) as proc:
+        log(f"service with request loop and HTTP on port {port}: waiting to own {len(cids)} classifiers")
+        owned_s = await _until_owned(port, cids, proc, timeout_s)
+        log(f"scraping /metrics {SCRAPES} times")
+        scrape = await _scrapes(port)
+        log(f"label round trip: {answers} answers while scores stream at {stream_rate:,.0f} records/s")
+        trip = await _round_trips(port, kafka, topics, cids, stream, stream_rate, answers, timeout_s)
+    return {"owned_seconds": round(owned_s, 3), **scrape, **trip}
+
+
+@contextlib.contextmanager
+def service_process(env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """`stratameter run` as a subprocess under `env`, its output kept aside: the last 4,000 bytes of
+    it written to stderr if the body raises; terminated on leaving (killed after 20 s)."""
     with tempfile.TemporaryFile() as logfile:
         proc = subprocess.Popen([sys.executable, "-m", "stratameter.cli", "run"], env=env, stdout=logfile,
                                 stderr=subprocess.STDOUT)
         try:
-            log(f"service with request loop and HTTP on port {port}: waiting to own {len(cids)} classifiers")
-            owned_s = await _until_owned(port, cids, proc, timeout_s)
-            log(f"scraping /metrics {SCRAPES} times")
-            scrape = await _scrapes(port)
-            log(f"label round trip: {answers} answers while scores stream at {stream_rate:,.0f} records/s")
-            trip = await _round_trips(port, kafka, topics, cids, stream, stream_rate, answers, timeout_s)
+            yield proc
         except BaseException:
             logfile.seek(0)
             sys.stderr.write(logfile.read()[-4000:].decode(errors="replace"))
@@ -73,7 +83,6 @@ async def serve_bench(env: dict[str, str], kafka: str, topics: dict[str, str], c
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    return {"owned_seconds": round(owned_s, 3), **scrape, **trip}
 
 
 async def _until_owned(port: int, cids: list[str], proc: subprocess.Popen, timeout_s: float) -> float:

@@ -14,21 +14,32 @@ from stratameter.state.store import Store
 pytestmark = pytest.mark.integration
 
 
-async def test_a_closed_chunk_is_read_whole_again_only_once_its_labels_or_status_change(store: Store, monkeypatch):
+async def _one_chunk(store: Store) -> int:
+    """300 scores of classifier ``c`` in one one-minute chunk (its id returned)."""
     settings = load_settings({"STRATAMETER_REDIS_URL": "redis://unused", "STRATAMETER_CHUNK_SECONDS": "60"})
     ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
     n = 300
     await ingest.apply(0, np.arange(n), ["c"] * n, [f"i{j}" for j in range(n)], np.random.default_rng(1).random(n),
                        np.ones(n, bool), np.full(n, 1_700_000_000_000), [None] * n)
-    t = 1_700_000_000 // 60
-    whole_reads = []
-    read_whole = store.chunks.chunk_states
+    return 1_700_000_000 // 60
+
+
+def _counted(monkeypatch, chunks, method: str) -> list[list[int]]:
+    """The chunk ids of every call of `chunks`' read `method` (a state id and chunk ids), in order."""
+    calls: list[list[int]] = []
+    read = getattr(chunks, method)
 
     async def counting(sid, ids):
-        whole_reads.append(list(ids))
-        return await read_whole(sid, ids)
+        calls.append(list(ids))
+        return await read(sid, ids)
 
-    monkeypatch.setattr(store.chunks, "chunk_states", counting)
+    monkeypatch.setattr(chunks, method, counting)
+    return calls
+
+
+async def test_a_closed_chunk_is_read_whole_again_only_once_its_labels_or_status_change(store: Store, monkeypatch):
+    t = await _one_chunk(store)
+    whole_reads = _counted(monkeypatch, store.chunks, "chunk_states")
     closed = ClosedChunks()
     first = await closed.states(store.chunks, "c", [t, t + 5])  # t + 5: never opened
     assert [cs.chunk for cs in first] == [t] and whole_reads == [[t, t + 5]]
@@ -79,20 +90,8 @@ async def test_a_closed_chunk_is_not_read_at_all_while_its_states_label_mark_sta
     """`label_mark`: while the state's counters say no label was folded since a chunk was found
     current, not even its label counts are read; a new mark reads them again (and the chunk whole
     only if they changed)."""
-    settings = load_settings({"STRATAMETER_REDIS_URL": "redis://unused", "STRATAMETER_CHUNK_SECONDS": "60"})
-    ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
-    n = 300
-    await ingest.apply(0, np.arange(n), ["c"] * n, [f"i{j}" for j in range(n)], np.random.default_rng(1).random(n),
-                       np.ones(n, bool), np.full(n, 1_700_000_000_000), [None] * n)
-    t = 1_700_000_000 // 60
-    counted = []
-    read_counts = store.chunks.label_counts
-
-    async def counting(sid, ids):
-        counted.append(list(ids))
-        return await read_counts(sid, ids)
-
-    monkeypatch.setattr(store.chunks, "label_counts", counting)
+    t = await _one_chunk(store)
+    counted = _counted(monkeypatch, store.chunks, "label_counts")
     closed = ClosedChunks()
     first = await closed.states(store.chunks, "c", [t], mark=("3", "100"))
     assert counted == []  # not known yet: read whole
