@@ -3,8 +3,10 @@ computed from the shared Redis state at request/scrape time."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,7 +15,8 @@ from stratameter.schemas.messages import LABEL_OUTCOMES, format_time
 from ..chunks import lifecycle
 from ..chunks.lifecycle import chunk_closed
 from ..chunks.report import StrataColumns, chunk_report
-from ..chunks.window import WindowPart, WindowReport, pooled_report, window_cells, window_chunks, window_lengths
+from ..chunks.window import (PendingWindow, WindowPart, WindowReport, pooled_reports, window_chunks,
+                             window_lengths)
 from ..labels.calibrated import calibration_doc, chunk_calibrations
 from ..state.keys import first_negative_stratum, negatives_of
 from ..state.chunk_store import ChunkStore
@@ -24,6 +27,8 @@ from ..stats.difference import Calibrated
 from ..stats.estimator import Interval
 from .closed_chunks import CLOSED, label_mark
 from .window_cells import CELLS
+
+log = logging.getLogger(__name__)
 
 
 def _iso(seconds: float) -> str:
@@ -140,12 +145,14 @@ def reported_chunk(chunks: list[dict], starts: list[float], now_s: float) -> dic
     return started[-1]
 
 
-async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cfg, history: bool = True) -> dict | None:
+async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cfg, history: bool = True,
+                          later: list | None = None) -> dict | None:
     """The `GET /v1/classifiers/{id}` document (None for an unknown id).  Without `history` (what
     the gauges need) only the chunks a scrape shows are read: the two newest started (the reported
     one among them), the last closed one, and the chunks of the longest window, of which only the
     counts per stratum are used; ``history`` is empty: a scrape's cost does not grow with
-    HISTORY_CHUNKS."""
+    HISTORY_CHUNKS.  With `later` (a list), the document's windows are left to pool with other
+    classifiers' (`WindowJob`s appended to it, `finish_windows`)."""
     now_s = time.time()
     sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
     summary, *other = await store.overviews(sides, int(now_s * 1000))
@@ -180,18 +187,23 @@ async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cf
     reported_id = next((t for t, c in zip(shown, chunks) if c is reported), None)
     inputs = {t: (t, lead[t], negatives[t], whole[t], complete[t]) for t in ids}
     doc = {"classifier_id": cid, **_counters_doc(summary, other, cfg, now_s), **_reported_fields(reported, cfg, other)}
-    doc["windows"] = {name: _window_doc(_window((store.keys.prefix, cid, k), window_chunks(reported_id, ids, k),
-                                                inputs, shut, cfg), reported_id, k, cfg)
-                      for name, k in window_lengths(cfg.windows, cfg.chunk_seconds).items()}
+    doc["windows"] = {}
+    jobs = [WindowJob(doc["windows"], name, _window((store.keys.prefix, cid, k), window_chunks(reported_id, ids, k),
+                                                    inputs, shut, cfg), reported_id, k, cfg)
+            for name, k in window_lengths(cfg.windows, cfg.chunk_seconds).items()]
+    if later is None:
+        _finish(jobs)
+    else:
+        later.extend(jobs)
     doc["last_closed"] = _last_closed(shown, chunks, now_s, cfg)
     doc["history"] = [c for c in chunks if c is not reported] if history else []
     return doc
 
 
-def _window(key: tuple, members: list[int], inputs: dict[int, tuple], shut: set[int], cfg) -> WindowReport:
+def _window(key: tuple, members: list[int], inputs: dict[int, tuple], shut: set[int], cfg) -> PendingWindow:
     """The window of the chunks `members` (oldest first; `inputs`: each chunk's states and flags;
-    `shut`: the chunks closed): its closed chunks' cells as the process remembers them under `key`
-    (`window_cells.CELLS`), pooled with the open chunks' after them."""
+    `shut`: the chunks closed), to pool: its closed chunks' sums as the process remembers them under
+    `key` (`window_cells.CELLS`), and its open chunks' parts."""
     metrics = tuple(cfg.metrics.split(","))
     closed = next((i for i, t in enumerate(members) if t not in shut), len(members))
 
@@ -200,11 +212,50 @@ def _window(key: tuple, members: list[int], inputs: dict[int, tuple], shut: set[
                            stopped=lead.status == "converged") for t, lead, negatives, whole, complete
                 in (inputs[t] for t in ts)]
 
-    groups = [CELLS.cells(key, tuple(inputs[t] for t in members[:closed]), lambda: parts(members[:closed]),
-                          metrics)] if closed else []
-    if closed < len(members):
-        groups.append(window_cells(parts(members[closed:]), metrics))
-    return pooled_report(groups, metrics, cfg.confidence)
+    held = CELLS.cells(key, tuple(inputs[t] for t in members[:closed]), lambda: parts(members[:closed]),
+                       metrics) if closed else None
+    return PendingWindow(held, parts(members[closed:]))
+
+
+@dataclass(frozen=True)
+class WindowJob:
+    """A window of a classifier's document still to pool (`finish_windows`), and where its document
+    goes: `into` (the document's ``windows``) under `name`."""
+
+    into: dict
+    name: str
+    window: PendingWindow
+    reported: int | None
+    length: int
+    cfg: object
+
+
+def finish_windows(jobs: list[WindowJob]) -> None:
+    """Pool the windows of `jobs` (of many classifiers: a scrape's), those of classifiers with the same
+    metrics and confidence together (`chunks.window.pooled_reports`: the open chunks' arithmetic in one
+    call instead of one a classifier), and write each window's document where it goes.  If a group
+    cannot be pooled together, each of its windows is pooled alone, and one that fails is left out of
+    its document (logged): the other classifiers keep theirs."""
+    groups: dict[tuple, list[WindowJob]] = {}
+    for job in jobs:
+        groups.setdefault((job.cfg.metrics, job.cfg.confidence), []).append(job)
+    for group in groups.values():
+        try:
+            _finish(group)
+        except Exception:  # noqa: BLE001  (a bug in one window must not cost the others theirs)
+            log.exception("pooling %d windows together failed; pooling each alone", len(group))
+            for job in group:
+                try:
+                    _finish([job])
+                except Exception:  # noqa: BLE001
+                    log.exception("window %s of a classifier could not be pooled", job.name)
+
+
+def _finish(jobs: list[WindowJob]) -> None:
+    """`finish_windows` of jobs with the same metrics and confidence, together."""
+    cfg = jobs[0].cfg
+    for job, report in zip(jobs, pooled_reports([j.window for j in jobs], cfg.metrics.split(","), cfg.confidence)):
+        job.into[job.name] = _window_doc(report, job.reported, job.length, job.cfg)
 
 
 def _to_read(ids: list[int], shut: set[int], cfg, now_s: float, history: bool) -> tuple[list[int], list[int]]:

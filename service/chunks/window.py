@@ -125,6 +125,64 @@ def pooled_report(groups: list[WindowCells], metrics, confidence: float) -> Wind
                         sum(g.population for g in groups), tuple(sorted(set(named))))
 
 
+@dataclass(frozen=True)
+class PendingWindow:
+    """A window to pool later with others (`pooled_reports`): its closed chunks' `WindowCells` (None
+    if it has none) and its open chunks' parts."""
+
+    closed: WindowCells | None
+    open_parts: list[WindowPart]
+
+
+def pooled_reports(windows: list[PendingWindow], metrics, confidence: float) -> list[WindowReport]:
+    """`pooled_report` of each window, the open chunks of windows alike computed in one call: their
+    columns stacked as rows (windows whose open chunks have the same strata, none of them a chunk that
+    cannot be pooled), what a scrape of many classifiers does instead of one window at a time."""
+    metrics = tuple(metrics)
+    out: list[WindowReport | None] = [None] * len(windows)
+    alike: dict[tuple, list[int]] = {}
+    for i, w in enumerate(windows):
+        if w.open_parts and all(p.complete and p.negatives_complete is not False for p in w.open_parts):
+            shape = tuple((p.columns.n.shape, p.columns.positive.tobytes()) for p in w.open_parts)
+            alike.setdefault(shape, []).append(i)
+        else:
+            out[i] = pooled_report([g for g in [w.closed] if g is not None] + (
+                [window_cells(w.open_parts, metrics)] if w.open_parts else []), metrics, confidence)
+    for rows in alike.values():
+        for i, report in zip(rows, _stacked([windows[i] for i in rows], metrics, confidence)):
+            out[i] = report
+    return out  # type: ignore[return-value]
+
+
+def _stacked(windows: list[PendingWindow], metrics: tuple[str, ...], confidence: float) -> list[WindowReport]:
+    """`pooled_reports` of windows whose open chunks have the same strata: the open parts' columns and
+    flags stacked (one row a window), their sums added row by row to each window's closed sums."""
+    first = windows[0].open_parts
+    stacked = [WindowPart(q, StrataColumns(*(np.stack([getattr(w.open_parts[q].columns, f) for w in windows])
+                                             for f in ("N", "n", "h")), first[q].columns.positive),
+                          np.array([bool(w.open_parts[q].closed) for w in windows]),
+                          stopped=np.array([bool(w.open_parts[q].stopped) for w in windows]))
+               for q in range(len(first))]
+    opened = window_cells(stacked, metrics)
+    reports = []
+    for r, w in enumerate(windows):
+        shut = w.closed
+        lost, partial = (shut.lost, shut.partial) if shut is not None else ((), ())
+        intervals: dict[str, Interval | None] = {}
+        for m in metrics:
+            if lost or (partial and needs_negatives([m])):
+                intervals[m] = None
+                continue
+            row = opened.sums[m].row(r)
+            intervals[m] = interval_of_sums(m, row if shut is None else row + shut.sums[m], confidence)
+        named = lost or (partial if any(needs_negatives([m]) for m in metrics) else ())
+        held = (shut.chunks, shut.labels, shut.population) if shut is not None else ((), 0, 0)
+        reports.append(WindowReport(tuple(sorted(held[0] + tuple(p.chunk for p in w.open_parts))), intervals,
+                                    int(opened.labels[r]) + held[1], int(opened.population[r]) + held[2],
+                                    tuple(sorted(set(named)))))
+    return reports
+
+
 def _means(parts: list[WindowPart], metric: str) -> CorrectedMeans:
     """The parts' strata's proportions, each corrected in its own chunk's frame and without the
     finite population correction (`stats.pooled.corrected_means`), side by side as the cells are:

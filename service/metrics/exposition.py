@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
-from ..api.views import classifier_view
+from ..api.views import classifier_view, finish_windows
 from ..chunks.lifecycle import STATUSES
 from .redis_errors import redis_errors_family
 
@@ -229,6 +229,7 @@ async def _snapshot(service) -> SnapshotCollector:
     `READ_CONCURRENCY` at a time: each read is a few round trips, which overlap (on a
     Redis Cluster, on several nodes at once)."""
     gate = asyncio.Semaphore(READ_CONCURRENCY)
+    windows: list = []  # every classifier's windows, pooled together once all are read
 
     async def view(cid: str) -> dict | None:
         """The classifier's figures; None (its series left out, the others' exported) where it
@@ -236,10 +237,11 @@ async def _snapshot(service) -> SnapshotCollector:
         cfg = service.settings.for_classifier(cid)
         async with gate:
             return await service.failures.confined(cid, "metrics", classifier_view(
-                service.store.chunks, service.process, cid, cfg, history=False))
+                service.store.chunks, service.process, cid, cfg, history=False, later=windows))
 
     owned = sorted(service.owned)
     views = [v for v in await asyncio.gather(*(view(c) for c in owned)) if v is not None]
+    finish_windows(windows)
     if service.exports_global:
         invalid = await service.store.offsets.invalid_counts()
         unknown = await service.store.offsets.unknown_labels()

@@ -117,6 +117,10 @@ class CellSums:
     labels: np.ndarray
     missing: np.ndarray
 
+    def row(self, r: int) -> "CellSums":
+        """The sums of row `r` (sums over cells that carry a leading axis of rows)."""
+        return CellSums(*(getattr(self, f)[r] for f in _SUMS))
+
     def __add__(self, other: "CellSums") -> "CellSums":
         return CellSums(*(np.logical_or(a, b) if f == "missing" else a + b
                           for f, a, b in ((f, getattr(self, f), getattr(other, f)) for f in _SUMS)))

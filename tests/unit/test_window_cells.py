@@ -108,3 +108,32 @@ def test_the_chunks_closed_among_many_are_those_closed_each():
     ids = list(range(int(now) // 3600 - 5, int(now) // 3600 + 2))
     assert lifecycle.closed_among(ids, cfg, now) == {t for t in ids if lifecycle.chunk_closed(t, cfg, now)}
     assert lifecycle.closed_among([], cfg, now) == set()
+
+
+def test_windows_pooled_together_are_each_window_alone():
+    """`pooled_reports` (a scrape's windows, the open chunks of windows alike in one call): each
+    window's figures equal to 1e-12 to its own `pooled_report`, whether it has closed chunks or not,
+    open chunks of other strata, or a chunk that cannot be pooled; labels, items and chunks exactly."""
+    from stratameter.chunks.window import PendingWindow, pooled_reports
+
+    rng = np.random.default_rng(11)
+    windows = []
+    for w in range(12):
+        closed = [_chunk(rng, t, True, 4, 4) for t in range(w % 4)]
+        if w == 5:
+            closed[0] = WindowPart(0, closed[0].columns, True, complete=False)
+        opened = [_chunk(rng, 10, False, 2 if w % 5 == 3 else 4, 4)]
+        if w == 7:
+            opened = [WindowPart(10, opened[0].columns, False, negatives_complete=False)]
+        windows.append(PendingWindow(window_cells(closed, METRICS) if closed else None, opened))
+    together = pooled_reports(windows, METRICS, 0.95)
+    for w, report in zip(windows, together):
+        alone = pooled_report([g for g in [w.closed] if g is not None] + [window_cells(w.open_parts, METRICS)],
+                              METRICS, 0.95)
+        assert (report.chunks, report.labels, report.population, report.incomplete_chunks) == \
+            (alone.chunks, alone.labels, alone.population, alone.incomplete_chunks)
+        for m in METRICS:
+            a, b = alone.intervals[m], report.intervals[m]
+            assert (a is None) == (b is None), m
+            for field in FIELDS if a is not None else ():
+                assert float(getattr(b, field)) == pytest.approx(float(getattr(a, field)), abs=1e-12, nan_ok=True)
