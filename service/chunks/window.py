@@ -142,7 +142,8 @@ def pooled_reports(windows: list[PendingWindow], metrics, confidence: float) -> 
     out: list[WindowReport | None] = [None] * len(windows)
     alike: dict[tuple, list[int]] = {}
     for i, w in enumerate(windows):
-        if w.open_parts and all(p.complete and p.negatives_complete is not False for p in w.open_parts):
+        poolable = w.closed is None or not (w.closed.lost or w.closed.partial)
+        if poolable and w.open_parts and all(p.complete and p.negatives_complete is not False for p in w.open_parts):
             shape = tuple((p.columns.n.shape, p.columns.positive.tobytes()) for p in w.open_parts)
             alike.setdefault(shape, []).append(i)
         else:
@@ -155,8 +156,9 @@ def pooled_reports(windows: list[PendingWindow], metrics, confidence: float) -> 
 
 
 def _stacked(windows: list[PendingWindow], metrics: tuple[str, ...], confidence: float) -> list[WindowReport]:
-    """`pooled_reports` of windows whose open chunks have the same strata: the open parts' columns and
-    flags stacked (one row a window), their sums added row by row to each window's closed sums."""
+    """`pooled_reports` of windows whose open chunks have the same strata and whose chunks can all be
+    pooled: the open parts' columns and flags stacked (one row a window), each window's closed sums
+    stacked alike, added, and every metric's interval computed over the rows at once."""
     first = windows[0].open_parts
     stacked = [WindowPart(q, StrataColumns(*(np.stack([getattr(w.open_parts[q].columns, f) for w in windows])
                                              for f in ("N", "n", "h")), first[q].columns.positive),
@@ -164,22 +166,14 @@ def _stacked(windows: list[PendingWindow], metrics: tuple[str, ...], confidence:
                           stopped=np.array([bool(w.open_parts[q].stopped) for w in windows]))
                for q in range(len(first))]
     opened = window_cells(stacked, metrics)
+    intervals = {m: interval_of_sums(m, opened.sums[m] + CellSums.stacked(
+        [w.closed.sums[m] if w.closed is not None else None for w in windows]), confidence) for m in metrics}
     reports = []
     for r, w in enumerate(windows):
-        shut = w.closed
-        lost, partial = (shut.lost, shut.partial) if shut is not None else ((), ())
-        intervals: dict[str, Interval | None] = {}
-        for m in metrics:
-            if lost or (partial and needs_negatives([m])):
-                intervals[m] = None
-                continue
-            row = opened.sums[m].row(r)
-            intervals[m] = interval_of_sums(m, row if shut is None else row + shut.sums[m], confidence)
-        named = lost or (partial if any(needs_negatives([m]) for m in metrics) else ())
-        held = (shut.chunks, shut.labels, shut.population) if shut is not None else ((), 0, 0)
-        reports.append(WindowReport(tuple(sorted(held[0] + tuple(p.chunk for p in w.open_parts))), intervals,
-                                    int(opened.labels[r]) + held[1], int(opened.population[r]) + held[2],
-                                    tuple(sorted(set(named)))))
+        held = (w.closed.chunks, w.closed.labels, w.closed.population) if w.closed is not None else ((), 0, 0)
+        reports.append(WindowReport(tuple(sorted(held[0] + tuple(p.chunk for p in w.open_parts))),
+                                    {m: iv.row(r) for m, iv in intervals.items()},
+                                    int(opened.labels[r]) + held[1], int(opened.population[r]) + held[2], ()))
     return reports
 
 

@@ -159,6 +159,10 @@ class Interval:
         """`estimate_at_stop` where `stopped` (over runs), `estimate` elsewhere."""
         return np.where(stopped, self.estimate_at_stop, self.estimate)
 
+    def row(self, r: int) -> "Interval":
+        """The interval of run `r` (fields over runs)."""
+        return Interval(self.estimate[r], self.lower[r], self.upper[r], self.stderr[r], self.estimate_at_stop[r])
+
     def undefined_where(self, mask) -> "Interval":
         """This interval with every field NaN where `mask` (over runs) is true."""
         fields = ("estimate", "lower", "upper", "stderr", "estimate_at_stop")

@@ -117,6 +117,13 @@ class CellSums:
     labels: np.ndarray
     missing: np.ndarray
 
+    @classmethod
+    def stacked(cls, rows: list["CellSums | None"]) -> "CellSums":
+        """Sums of one group each, stacked as rows (None: a group of no cell, all zero)."""
+        none = cls(*(np.zeros(2, dtype=bool if f == "missing" else float) for f in _SUMS))
+        rows = [none if x is None else x for x in rows]
+        return cls(*(np.stack([getattr(x, f) for x in rows]) for f in _SUMS))
+
     def row(self, r: int) -> "CellSums":
         """The sums of row `r` (sums over cells that carry a leading axis of rows)."""
         return CellSums(*(getattr(self, f)[r] for f in _SUMS))
