@@ -19,6 +19,7 @@ PIP_FLAGS := --disable-pip-version-check --no-input --retries 5 --timeout 60
 LS_VENV := .venv-label-studio
 LS_STAMP := $(LS_VENV)/.stratameter-installed
 LS_REQUIREMENT := $(shell sed -n 's/^LABEL_STUDIO_REQUIREMENT = "\(.*\)"$$/\1/p' service/demo/label_studio.py)
+LS_PINS := $(shell sed -n 's/^LABEL_STUDIO_PINS = "\(.*\)"$$/\1/p' service/demo/label_studio.py)
 
 .PHONY: venv label-studio test test-unit demo clean-venv
 
@@ -43,7 +44,7 @@ $(LS_STAMP): service/demo/label_studio.py
 		echo "creating $(LS_VENV) with $(PYTHON)"; \
 		rm -rf $(LS_VENV) && "$(PYTHON)" -m venv $(LS_VENV); \
 	fi
-	$(LS_VENV)/bin/python -m pip install $(PIP_FLAGS) '$(LS_REQUIREMENT)'
+	$(LS_VENV)/bin/python -m pip install $(PIP_FLAGS) '$(LS_REQUIREMENT)' '$(LS_PINS)'
 	rm -rf $(LS_VENV)/stratameter-data-template  # the migrated database the tests copy: made again on first use
 	@touch $(LS_STAMP)
 

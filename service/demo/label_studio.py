@@ -2,7 +2,7 @@
 (beside the other local backends the tools start, `stratameter.embedded`).
 
 Label Studio is installed in a virtualenv of its own (about 1 GB, Python >= 3.10; its pins clash
-with stratameter's): `LABEL_STUDIO_REQUIREMENT` into ``.venv-label-studio/`` (``make label-studio``;
+with stratameter's): `LABEL_STUDIO_REQUIREMENT` and `LABEL_STUDIO_PINS` into ``.venv-label-studio/`` (``make label-studio``;
 CI's ``.ci/run`` does it).  `label_studio_binary` finds it: ``$STRATAMETER_LABEL_STUDIO_BIN``, else
 ``.venv-label-studio/bin/label-studio`` beside the checkout or in the current directory, else
 ``label-studio`` on PATH; `LabelStudioMissing` says how to install it.
@@ -28,6 +28,9 @@ from pathlib import Path
 from ..embedded.process import BackendError, ManagedProcess
 
 LABEL_STUDIO_REQUIREMENT = "label-studio==1.23.2"
+#: Installed with it: Label Studio 1.23.2 requires sentry-sdk without an upper bound and passes it
+#: ``send_default_pii``, which sentry-sdk 3 refuses (``label-studio init`` fails at its settings).
+LABEL_STUDIO_PINS = "sentry-sdk<3"
 VENV = ".venv-label-studio"
 BIN_VARIABLE = "STRATAMETER_LABEL_STUDIO_BIN"
 USER = "reviewer@example.com"
@@ -35,7 +38,7 @@ PASSWORD = "stratameter"
 TOKEN = "5f0e1c2d3b4a59687766554433221100aabbccdd"
 TEMPLATE = "stratameter-data-template"
 INSTALL_HINT = (f"install it in a virtualenv of its own: `python3 -m venv {VENV} && {VENV}/bin/pip install "
-                f"'{LABEL_STUDIO_REQUIREMENT}'` (in a checkout: `make label-studio`), or set {BIN_VARIABLE} to "
+                f"'{LABEL_STUDIO_REQUIREMENT}' '{LABEL_STUDIO_PINS}'` (in a checkout: `make label-studio`), or set {BIN_VARIABLE} to "
                 "its `label-studio` executable")
 
 
