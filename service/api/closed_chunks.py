@@ -46,8 +46,12 @@ class ClosedChunks:
         """The states of the closed chunks `ids` of state `sid` (as `ChunkStore.chunk_states`);
         `mark`: the state's `label_mark`, read before (None: the label counts of every chunk known
         are read)."""
+        at, seen = self._marks.get((store.keys.prefix, sid), (None, set()))
+        if mark is not None and mark == at and seen.issuperset(ids):
+            held = self._held(store.keys.prefix, sid, ids)
+            if held is not None:
+                return held
         keys = [(store.keys.prefix, sid, t) for t in ids]
-        at, seen = self._marks.get(keys[0][:2], (None, set())) if keys else (None, set())
         sure = {k for k in keys if k in self._states and k[2] in seen} if mark is not None and mark == at else set()
         known = [k for k in keys if k in self._states and k not in sure]
         counts = await store.label_counts(sid, [t for _, _, t in known]) if known else []
@@ -64,6 +68,18 @@ class ClosedChunks:
                        | (seen if mark == at else set()))
         by_chunk = {cs.chunk: cs for cs in fresh} | {k[2]: self._states[k] for k in current}
         return [by_chunk[t] for t in ids if t in by_chunk]
+
+    def _held(self, prefix: str, sid: str, ids: list[int]) -> list[ChunkState] | None:
+        """The remembered states of `ids`, all current (the state's mark has not moved since each was
+        found current), in order; None if one has been let go (`size`)."""
+        held = []
+        for t in ids:
+            cs = self._states.get((prefix, sid, t))
+            if cs is None:
+                return None
+            self._states.move_to_end((prefix, sid, t))
+            held.append(cs)
+        return held
 
     def _note(self, state: tuple[str, str], mark: tuple, chunks: set[int]) -> None:
         self._marks[state] = (mark, chunks)

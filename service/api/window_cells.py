@@ -51,8 +51,9 @@ class ClosedCells:
 
 
 def _same_inputs(a: tuple[ChunkInputs, ...], b: tuple[ChunkInputs, ...]) -> bool:
-    return len(a) == len(b) and all(x[0] == y[0] and x[3:] == y[3:] and _same_state(x[1], y[1])
-                                    and _same_state(x[2], y[2]) for x, y in zip(a, b))
+    # the states `api.closed_chunks` hands back again are the very objects: compared by identity first
+    return len(a) == len(b) and all(x[0] == y[0] and x[3:] == y[3:] and (x[1] is y[1] or _same_state(x[1], y[1]))
+                                    and (x[2] is y[2] or _same_state(x[2], y[2])) for x, y in zip(a, b))
 
 
 def _same_state(a: ChunkState | None, b: ChunkState | None) -> bool:
