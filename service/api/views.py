@@ -176,7 +176,7 @@ async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cf
     for t in ids[-cfg.chunk_retention:]:  # older: no histogram kept
         if t in found[0] and whole[t] and t in viewed:
             by_side, metrics = _calibrated(t, cid, sides, found, wanted_metrics, complete[t])
-            calibrations[t] = await chunk_calibrations(store, by_side, cfg, chunk_closed(t, cfg, now_s), metrics)
+            calibrations[t] = await chunk_calibrations(store, by_side, cfg, t in shut, metrics)
     sampled = set(lifecycle.sampled_chunks(set().union(*ids_by_side), cfg.chunk_seconds, now_s, cfg.chunk_retention))
     lead = {t: _lead(found[0].get(t), found[-1].get(t), cfg, t) for t in ids}
     negatives = {t: found[1].get(t) if len(found) > 1 else None for t in ids}

@@ -184,10 +184,10 @@ def _means(parts: list[WindowPart], metric: str) -> CorrectedMeans:
     cols = [p.columns for p in parts]
     if len({(c.n.shape, c.positive.tobytes()) for c in cols}) == 1:
         N, n, h = (np.stack([getattr(c, f) for c in cols]) for f in ("N", "n", "h"))
-        means = corrected_means(metric, N, n, h, cols[0].positive, False)
+        means = corrected_means(metric, N, n, h, cols[0].positive)
         side_by_side = lambda x: np.concatenate(list(x), axis=-1)  # noqa: E731  (chunks, ..., K) -> (..., C K)
         return CorrectedMeans(side_by_side(means.at_stop), side_by_side(means.now))
-    each = [corrected_means(metric, c.N, c.n, c.h, c.positive, False) for c in cols]
+    each = [corrected_means(metric, c.N, c.n, c.h, c.positive) for c in cols]
     return CorrectedMeans(*(np.concatenate([getattr(x, f) for x in each], axis=-1) for f in ("at_stop", "now")))
 
 

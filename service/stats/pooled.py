@@ -60,11 +60,14 @@ class CorrectedMeans:
         return np.where(stopped, self.at_stop, self.now)
 
 
-def corrected_means(metric: str, N, n, h, positive, fpc: bool) -> CorrectedMeans:
+def corrected_means(metric: str, N, n, h, positive) -> CorrectedMeans:
     """`CorrectedMeans` of one sample's strata for `metric`: the shifts `confusion.metric_interval`
     applies to them (precision: its predicted positives' strata as a stratified mean, the others
-    left plain; accuracy: the proportions of correct predictions; recall, F1: `confusion.ratio_shifts`).
-    Rows where the metric has no population get no shift (they weigh nothing when pooled)."""
+    left plain; accuracy: the proportions of correct predictions; recall, F1: `confusion.ratio_shifts`),
+    taken without the finite population correction, as the design took its decisions while the
+    chunk was open (docs/decisions/window-pooling.md).  Rows where the metric has no population get
+    no shift (they weigh nothing when pooled)."""
+    fpc = False
     N, n, h = (np.asarray(x, dtype=float) for x in (N, n, h))
     pos = np.asarray(positive, dtype=bool)
     p = h / np.maximum(n, 1.0)
