@@ -288,7 +288,8 @@ class ScoreIngestor:
         stored = await self.chunks.chunk_score_histogram(cid, t)
         if stored is not None:
             hist = stored.merge(hist)
-        await self.chunks.restratify(cid, t, cur.version, boundaries(hist, cfg.strata, cfg.stratification))
+        cuts = boundaries(hist, cfg.strata, cfg.stratification, cfg.score_kind)
+        await self.chunks.restratify(cid, t, cur.version, cuts)
 
     async def _ensure_chunks(self, recs: list[ClassifierRecords]) -> dict[tuple[str, int], ChunkCuts]:
         """The stored cuts of every chunk the records' predicted positives fall in, opening
@@ -318,8 +319,9 @@ class ScoreIngestor:
                     cuts = await self.chunks.open_chunk(cid, t, np.empty(0), now_ms, cfg.reservoir_size,
                                                         provisional=True)
                 else:
-                    cuts = await self.chunks.open_chunk(cid, t, boundaries(hist, cfg.strata, cfg.stratification),
-                                                        now_ms, cfg.reservoir_size)
+                    cuts = await self.chunks.open_chunk(
+                        cid, t, boundaries(hist, cfg.strata, cfg.stratification, cfg.score_kind), now_ms,
+                        cfg.reservoir_size)
             out[key] = cuts
             cached = self._cuts.get(key)
             if cached is None or cached.version <= cuts.version:

@@ -55,7 +55,7 @@ METRICS: tuple[str, ...] = ("precision", "recall", "f1", "accuracy")
 SHIFT_MIN_EVENTS = 5
 #: How the predicted negatives are stratified by default (docs/concepts/statistics.md "Recall, F1 and accuracy": their
 #: false negatives sit near the threshold, which equal-count strata dilute).
-DEFAULT_NEGATIVE_STRATIFICATION = "cum_sqrt_f"
+DEFAULT_NEGATIVE_STRATIFICATION = "cum_sqrt_prior"
 #: Metrics that need labels of predicted negatives.
 NEEDS_NEGATIVES: frozenset[str] = frozenset({"recall", "f1", "accuracy"})
 #: Ratios of stratified totals (linearised, `moments_ratio_interval`); precision and accuracy are

@@ -14,6 +14,13 @@ Methods (Bennett & Carvalho 2010, Sec. 5; Kumar & Raj, Sec. 3.3 and 4.1):
   asks for many more classes than strata (the grid has thousands);
 * ``cum_cbrt_f`` the same with the cube root (CBRT; Singh & Sukhatme 1969,
   for a stratification variable other than the estimated one);
+* ``cum_sqrt_prior`` the Dalenius & Hodges rule with each class's frequency
+  weighted by the prior variance ``pi (1 - pi)`` of its items' outcome, ``pi`` the
+  score read as a probability (`calibration.to_probability`): equal intervals of
+  the cumulative ``sqrt(f pi (1 - pi))``.  On the predicted negatives, where the
+  missed positives are rare and gather just under the threshold, its strata are
+  narrow there and wide far from it (issue 51; measured in
+  docs/development/label-efficiency.md, the default there);
 * ``wtmn``       Kumar & Raj's "weighted mean" rule, read literally: the
   stratum weight times the stratum mean of the stratification variable is the
   same in every stratum, i.e. equal stratum totals of the variable (the
@@ -42,10 +49,12 @@ from typing import Literal
 import numpy as np
 
 from . import clustering
+from .calibration import resolve_kind, to_probability
 from .sketch import ScoreHistogram, require_finite
 
-Stratification = Literal["perc", "equal", "cum_sqrt_f", "cum_cbrt_f", "wtmn", "kmeans", "gmm"]
-STRATIFICATIONS: tuple[str, ...] = ("perc", "equal", "cum_sqrt_f", "cum_cbrt_f", "wtmn", "kmeans", "gmm")
+Stratification = Literal["perc", "equal", "cum_sqrt_f", "cum_cbrt_f", "cum_sqrt_prior", "wtmn", "kmeans", "gmm"]
+STRATIFICATIONS: tuple[str, ...] = ("perc", "equal", "cum_sqrt_f", "cum_cbrt_f", "cum_sqrt_prior", "wtmn", "kmeans",
+                                    "gmm")
 
 
 def _weighted_cuts(hist: ScoreHistogram, k: int, weights: np.ndarray) -> np.ndarray:
@@ -79,8 +88,9 @@ def _snap(hist: ScoreHistogram, cuts: np.ndarray, which: np.ndarray) -> np.ndarr
     return np.where(inside, snapped, cuts)
 
 
-def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray:
-    """Interior cut points (increasing, length <= k-1) for `k` strata.
+def boundaries(hist: ScoreHistogram, k: int, method: str = "perc", score_kind: str = "auto") -> np.ndarray:
+    """Interior cut points (increasing, length <= k-1) for `k` strata (`score_kind`: how
+    ``cum_sqrt_prior`` reads a score as a probability, `calibration.SCORE_KINDS`).
 
     Raises ValueError on an empty histogram, ``k < 1`` or an unknown method.
     Returns fewer than ``k-1`` cuts when the scores cannot fill ``k`` non-empty
@@ -95,7 +105,7 @@ def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray
         raise ValueError("the score histogram is empty: no scores to stratify")
     if k == 1 or hist.min == hist.max:
         return np.empty(0)
-    cuts = _clean(hist, _raw_cuts(hist, k, method))
+    cuts = _clean(hist, _raw_cuts(hist, k, method, score_kind))
     # Inside a bucket the histogram cannot say on which side of a cut the
     # bucket's scores lie (they may all be one tied value), so a stratum is
     # certainly non-empty only if it holds a whole non-empty bucket (or the
@@ -113,7 +123,7 @@ def boundaries(hist: ScoreHistogram, k: int, method: str = "perc") -> np.ndarray
     return cuts
 
 
-def _raw_cuts(hist: ScoreHistogram, k: int, method: str) -> np.ndarray:
+def _raw_cuts(hist: ScoreHistogram, k: int, method: str, score_kind: str) -> np.ndarray:
     """The method's cut points before the emptiness checks of `boundaries`."""
     lower, upper, counts = hist.occupied_edges()
     if method == "perc":
@@ -124,6 +134,10 @@ def _raw_cuts(hist: ScoreHistogram, k: int, method: str) -> np.ndarray:
         return _weighted_cuts(hist, k, np.sqrt(counts))
     if method == "cum_cbrt_f":
         return _weighted_cuts(hist, k, np.cbrt(counts))
+    if method == "cum_sqrt_prior":
+        prior = to_probability(lower / 2.0 + upper / 2.0, resolve_kind(score_kind, hist.min, hist.max))
+        # a tiny floor: buckets whose scores read as certain still order the cumulative weight
+        return _weighted_cuts(hist, k, np.maximum(np.sqrt(counts * prior * (1.0 - prior)), 1e-300))
     # bucket midpoints as shares of the observed range: no overflow for scores near the largest doubles
     mid = _unit(lower / 2.0 + upper / 2.0, hist)
     if method == "wtmn":  # equal totals of (score - min)

@@ -139,7 +139,7 @@ def test_error_message_format():
     ("strata", "21", "must be in 1..20, got 21"),
     ("strata", "4.5", "must be an integer"),
     ("stratification", "quantile",
-     "must be one of perc, equal, cum_sqrt_f, cum_cbrt_f, wtmn, kmeans, gmm, got 'quantile'"),
+     "must be one of perc, equal, cum_sqrt_f, cum_cbrt_f, cum_sqrt_prior, wtmn, kmeans, gmm, got 'quantile'"),
     ("allocation", "neyman", "must be one of opt_track"),
     ("threshold", "inf", "must be a finite number"),
     ("threshold", "nan", "must be a finite number"),
@@ -442,7 +442,7 @@ def test_metrics_setting_is_checked_and_canonical(tmp_path):
     s = load_settings(overrides(tmp_path, {"fraud": {"metrics": "precision,recall", "negative_strata": 6}}))
     assert s.for_classifier("fraud").metrics == "precision,recall" and s.samples_negatives("fraud")
     neg = s.for_classifier("fraud~negatives")
-    assert (neg.strata, neg.stratification, neg.metrics) == (6, "cum_sqrt_f", "precision,recall")
+    assert (neg.strata, neg.stratification, neg.metrics) == (6, "cum_sqrt_prior", "precision,recall")
     err = error_of(overrides(tmp_path, {"fraud": {"metrics": "roc"}}))
     assert "fraud.metrics" in str(err) and "unknown metric 'roc'" in str(err)
 

@@ -85,7 +85,7 @@ def test_simulate_accuracy_with_margin_strata_beside_the_two_sided_design(capsys
     doc = run_json(capsys, "--metric", "accuracy", "--builtin", "svm-two-sided", "--runs", "40", "--delta", "0.05",
                    "--margin-strata", "--methods", "opt_track,opt_a1")
     assert [m["stratification"] for m in doc["methods"]] == [
-        "none", "perc+cum_sqrt_f", "perc on |margin|", "perc+cum_sqrt_f", "perc on |margin|"]
+        "none", "perc+cum_sqrt_prior", "perc on |margin|", "perc+cum_sqrt_prior", "perc on |margin|"]
     assert [m["method"] for m in doc["methods"]][3:] == ["opt_a1", "opt_a1"]
 
 
@@ -146,7 +146,7 @@ def test_simulate_stream_with_a_metric_runs_the_stream_design_on_the_whole_strea
     assert cell["reached_delta"] > 0.9 and cell["coverage_closed"] > 0.85
     # the chunk's truth is its own realised recall, near the population's
     assert abs(cell["truth_mean"] - doc["truth"]) < 0.02
-    assert doc["static"]["stratification"] == "perc+cum_sqrt_f"
+    assert doc["static"]["stratification"] == "perc+cum_sqrt_prior"
 
 
 def test_stream_chunks_have_strata_on_both_sides():

@@ -1,15 +1,17 @@
 """Kumar & Raj's stratification methods beyond today's three (`stats.strata`, `stats.clustering`):
-CBRT, WTMN, k-means and a Gaussian mixture, all from the mergeable score histogram."""
+CBRT, WTMN, k-means and a Gaussian mixture, all from the mergeable score histogram; and the
+prior-weighted Dalenius-Hodges rule the predicted negatives take by default (``cum_sqrt_prior``)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import pytest
 
 from stratameter.stats import clustering
-from stratameter.stats.sketch import ScoreHistogram
+from stratameter.stats.sketch import ScoreHistogram, bin_edges_score, bin_index
 from stratameter.stats.strata import STRATIFICATIONS, assign, boundaries, stratify
 
 NEW = ("cum_cbrt_f", "wtmn", "kmeans", "gmm")
@@ -119,3 +121,45 @@ def test_gmm_stays_fast_enough_for_a_chunk_opening():
     started = time.process_time()
     boundaries(hist, 20, "gmm")
     assert time.process_time() - started < 5.0
+
+
+def _two_buckets(low: float, high: float, count: int = 100) -> ScoreHistogram:
+    """`count` scores in the bucket of `low` and as many in the bucket of `high`, the histogram's
+    range their two buckets' outer edges (so no edge is clipped)."""
+    edges = bin_edges_score()
+    b1, b2 = (int(b) for b in bin_index(np.array([low, high])))
+    return ScoreHistogram.from_sparse({b1: count, b2: count}, float(edges[b1]), float(edges[b2 + 1]))
+
+
+def test_cum_sqrt_prior_hand_case():
+    """Two buckets of equal counts f whose midpoints m1 < m2 <= 1/2 read as probabilities: their
+    weights are sqrt(f m1 (1 - m1)) = w and r w with r = sqrt(m2 (1 - m2) / (m1 (1 - m1))) > 1, so the
+    cumulative weight is w at the top of the first and (1 + r) w in all; for K = 2 its half is crossed
+    inside the second bucket, ((1 + r)/2 - 1) / r = (r - 1) / (2 r) of the way across."""
+    h = _two_buckets(0.05, 0.4)
+    lower, upper, _ = h.occupied_edges()
+    m1, m2 = (lower + upper) / 2.0
+    r = math.sqrt(m2 * (1.0 - m2) / (m1 * (1.0 - m1)))
+    want = lower[1] + (r - 1.0) / (2.0 * r) * (upper[1] - lower[1])
+    assert boundaries(h, 2, "cum_sqrt_prior") == pytest.approx([want], rel=1e-12)
+    assert upper[0] <= boundaries(h, 2, "cum_sqrt_f")[0] <= lower[1]  # equal weights: in the gap between them
+
+
+def test_cum_sqrt_prior_reads_the_scores_as_the_classifier_says():
+    """On scores in [0, 1], ``auto`` reads them as probabilities; ``logit`` as margins (expit), which
+    weighs the two buckets nearly alike here, so the cut moves back toward the first bucket's top."""
+    h = _two_buckets(0.05, 0.4)
+    auto, probability, logit = (boundaries(h, 2, "cum_sqrt_prior", kind) for kind in ("auto", "probability", "logit"))
+    assert auto == pytest.approx(probability)
+    assert logit[0] < probability[0]
+
+
+def test_cum_sqrt_prior_narrows_the_negatives_next_to_the_threshold():
+    """Predicted negatives of a fraud-like model (scores expit(z), z ~ N(-4, 1.3), below 1/2): the
+    stratum next to the threshold holds fewer of them than with `cum_sqrt_f`, the farthest more."""
+    rng = np.random.default_rng(0)
+    s = 1.0 / (1.0 + np.exp(-rng.normal(-4.0, 1.3, 200_000)))
+    s = s[s < 0.5]
+    sizes = {m: np.bincount(stratify(s, 4, m)[1], minlength=4) for m in ("cum_sqrt_f", "cum_sqrt_prior")}
+    assert sizes["cum_sqrt_prior"][-1] < sizes["cum_sqrt_f"][-1] / 2
+    assert sizes["cum_sqrt_prior"][0] > sizes["cum_sqrt_f"][0]
