@@ -9,8 +9,8 @@ came or the status changed.  And not even that while the state's counters say no
 and no status moved since the chunk was last found current (`label_mark`: LABEL is the only writer
 of a chunk's label counts, and it counts every answer it folds and stamps its time in the same call;
 EVALUATE_ROUND and SET_STATUS count every change of a closed chunk's status), so a scrape of a
-classifier no answer reached reads none of its closed chunks.  Process-local and bounded (`CACHED_CHUNKS`, least
-recently used out first; `CACHED_CHUNKS` states' marks)."""
+classifier no answer reached reads none of its closed chunks.  Process-local and bounded
+(`CACHED_CHUNKS`, least recently used out first; `CACHED_CHUNKS` states' marks)."""
 
 from __future__ import annotations
 
