@@ -107,6 +107,31 @@ def prepare_whole(pop: WholeStream, design: WholeDesign, metrics) -> WholeTruth:
     return WholeTruth(N.astype(np.int64), G.astype(np.int64), q, positive)
 
 
+#: Items per stratum of the floor the design is measured against (`fine_strata`, issue 51).
+FLOOR_STRATUM_ITEMS = 500
+
+
+def fine_strata(pop: WholeStream, items: int = FLOOR_STRATUM_ITEMS) -> WholeTruth:
+    """Each side cut into strata of `items` consecutive items by score (the last one smaller):
+    with the true proportions, the Neyman bound on these strata (`whole_study.oracle_labels`) is
+    the floor no stratification of the score can go far under (Cochran 1977, Sec. 5A.7: the
+    gain of finer strata vanishes as they grow many), the limit inclusion by a right prior
+    reaches too (Zrnic & Candes 2024)."""
+    pred, labels = pop.predicted_positive, pop.labels.astype(float)
+    parts = []
+    for side, positive in ((pred, True), (~pred, False)):
+        if not side.any():
+            continue
+        order = np.argsort(pop.scores[side], kind="stable")
+        stratum = np.empty(order.size, dtype=np.int64)
+        stratum[order] = np.arange(order.size) // items
+        N = np.bincount(stratum)
+        G = np.bincount(stratum, weights=labels[side])
+        parts.append((N, G, np.full(N.size, positive)))
+    N, G, positive = (np.concatenate(a) for a in zip(*parts))
+    return WholeTruth(N.astype(np.int64), G.astype(np.int64), G / N, positive)
+
+
 def margin_strata(pop: WholeStream, k: int, method: str) -> WholeTruth:
     """Kumar & Raj (Sec. 3.3): for the accuracy of a classifier with two-sided scores,
     strata on z = |score - threshold| across both sides, the variable being "the

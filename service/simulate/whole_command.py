@@ -12,7 +12,8 @@ from .engine import Protocol
 from .options import STREAM_ONLY, check_common, check_stream, parse_list
 from .whole_populations import WHOLE_BUILTIN, whole_builtin, whole_from_file
 from .study import pct_text
-from .whole_study import WholeStudyRequest, run_whole_study, summarise_whole, whole_designs, whole_json
+from .whole_study import (WholeStudyRequest, floor_labels, run_whole_study, summarise_whole, whole_designs,
+                          whole_json)
 
 DEFAULT_POPULATION = "moderation"
 #: Options of the precision study that do not apply to the whole stream.
@@ -122,3 +123,7 @@ def _print_table(req: WholeStudyRequest, rows) -> None:
     if not console.is_terminal:
         console = Console(width=120)
     console.print(t)
+    if req.budgets is None:
+        floor = floor_labels(req)
+        console.print(f"Neyman floor with 500-item strata (true rates): {floor:.0f} labels, "
+                      f"{floor / rows[0].labels_mean:.3f} x random's")

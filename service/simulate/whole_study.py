@@ -9,7 +9,8 @@ sampling of the whole stream (post-stratified on the known side sizes).
 %Oracle compares with the closed-form Neyman bound on the linearised variable
 at the design's own strata, ``z^2 (sum_k |dM/dp_k| sigma_k)^2 / delta^2``
 (the Jeffreys floor of `stats.oracle` is for a stratified mean and is not
-reported here).
+reported here); the same bound on strata of 500 items (`whole.fine_strata`)
+is the population's floor (``floor_labels`` in the JSON, under the table).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from . import budget
 from .engine import Protocol
 from .parallel import map_in_processes
 from .study import DesignSummary, _json_number, _pct_over
-from .whole import WholeDesign, WholeTruth, max_labels, prepare_whole, run_whole_budget, run_whole_until_stop
+from .whole import (FLOOR_STRATUM_ITEMS, WholeDesign, WholeTruth, fine_strata, max_labels, prepare_whole,
+                    run_whole_budget, run_whole_until_stop)
 from .whole_populations import WholeStream
 
 #: The default stratification of the predicted negatives (docs/concepts/statistics.md "Recall, F1 and accuracy").
@@ -74,6 +76,11 @@ def oracle_labels(st: WholeTruth, metric: str, delta: float, confidence: float) 
     spread = float(np.sum(np.abs(g) * np.sqrt(st.P * (1.0 - st.P))))
     z = z_value(confidence)
     return z * z * spread * spread / (delta * delta)
+
+
+def floor_labels(req: WholeStudyRequest) -> float:
+    """The Neyman bound of `req.metric` on the population's 500-item strata (`whole.fine_strata`)."""
+    return oracle_labels(fine_strata(req.population), req.metric, req.protocol.delta, req.protocol.confidence)
 
 
 def _one_design(args) -> tuple[int, dict]:
@@ -145,5 +152,7 @@ def whole_json(req: WholeStudyRequest, rows: list[DesignSummary]) -> dict:
         "strata": default.strata,
         "negative_strata": default.negative_strata,
         "budget": req.budgets,
+        "floor_labels": floor_labels(req),
+        "floor_stratum_items": FLOOR_STRATUM_ITEMS,
         "methods": [{k: _json_number(v) for k, v in asdict(r).items()} for r in rows],
     }

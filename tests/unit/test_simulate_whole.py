@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from stratameter.cli import main
-from stratameter.simulate.whole import WholeDesign, margin_strata, prepare_whole
+from stratameter.simulate.whole import WholeDesign, fine_strata, margin_strata, prepare_whole
+from stratameter.simulate.whole_study import oracle_labels
 from stratameter.simulate.whole_populations import WHOLE_BUILTIN, WholeStream, whole_builtin
 
 
@@ -56,6 +57,7 @@ def test_simulate_recall_json_and_savings_on_rare_positives(capsys):
     assert random["method"] == "random" and default["method"] == "opt_track"
     assert default["labels_mean"] < 0.5 * random["labels_mean"]
     assert default["ci_coverage"] > 0.9 and default["change_vs_random"] < -50
+    assert doc["floor_stratum_items"] == 500 and 0 < doc["floor_labels"] < default["labels_mean"]
 
 
 @pytest.mark.slow
@@ -78,6 +80,26 @@ def test_margin_strata_hand_case():
     assert st.q == pytest.approx([1 / (1 + np.exp(-1)), 1 / (1 + np.exp(-2))])
     assert (st.G.sum() / st.N.sum()) == pop.truth("accuracy")
     assert prepare_whole(pop, WholeDesign(strata=2, margin=True), ["accuracy"]).N.tolist() == [2, 2]
+
+
+def test_fine_strata_hand_case():
+    """Strata of `items` consecutive items by score on each side, positives first, the last one smaller."""
+    pop = WholeStream("hand", np.array([0.9, 0.1, 0.6, 0.3, 0.2, 0.8, 0.05]), np.array([1, 0, 0, 1, 0, 1, 1], np.int8),
+                      0.5)
+    st = fine_strata(pop, items=2)  # positives by score 0.6, 0.8 | 0.9; negatives 0.05, 0.1 | 0.2, 0.3
+    assert st.N.tolist() == [2, 1, 2, 2] and st.G.tolist() == [1, 1, 1, 1]
+    assert st.positive.tolist() == [True, True, False, False]
+    assert st.q == pytest.approx([0.5, 1.0, 0.5, 0.5])
+
+
+def test_the_floor_of_fine_strata_is_under_the_designs_own_bound():
+    """The 500-item floor of issue 51: no more labels than the Neyman bound of the default's 4 + 4 strata,
+    and on `abuse-rare-weak` recall (a weak score) well under it."""
+    pop = whole_builtin("abuse-rare-weak", size=50_000)
+    own = oracle_labels(prepare_whole(pop, WholeDesign(), ["recall"]), "recall", 0.05, 0.95)
+    floor = oracle_labels(fine_strata(pop), "recall", 0.05, 0.95)
+    assert fine_strata(pop).N.sum() == pop.size
+    assert 0.5 * own < floor < 0.85 * own
 
 
 @pytest.mark.slow
