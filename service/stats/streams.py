@@ -31,7 +31,9 @@ while aiming low costs nothing, since every item stays in the reservoir to be
 taken later.  Once arrivals have stopped or the chunk has closed, rounds top
 the sample up from the reservoir, raising thresholds past the next-lowest
 priorities: the first round takes each well-labelled stratum to
-``CATCH_UP_SHARE`` of its target computed from its labels alone (`catch_up`),
+``CATCH_UP_SHARE`` of the closed chunk's target computed from its labels alone
+(`catch_up`; the arrivals have stopped, so the items it holds are its final
+ones and the target takes their finite population correction, as the pace's),
 then the online OPT rounds of Bennett & Carvalho (allocation by ``opt_track``,
 the T-round stopping rule) finish exactly as on a fixed population.  A chunk
 whose items arrive in one burst therefore runs the fixed-population design as
@@ -326,31 +328,28 @@ def _round(delta, confidence, round_labels, target, N, n, h, q, spread_scale, cl
         scale = allocation_scale(target.metrics, N, n, h, target.positive) * (1.0 if spread_scale is None
                                                                               else np.asarray(spread_scale))
     want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale)
-    return np.maximum(want, catch_up(N, n, h, q, delta, confidence, closed, target, variance_ratio))
+    return np.maximum(want, catch_up(N, n, h, q, delta, confidence, target, variance_ratio))
 
 
-def catch_up(N, n, h, q, delta: float, confidence: float, closed=False, target=None,
-             variance_ratio=1.0) -> np.ndarray:
+def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_ratio=1.0) -> np.ndarray:
     """Labels per stratum that bring a stratum with at least `CATCH_UP_MIN_LABELS`
-    labels to `CATCH_UP_SHARE` of its target (`target_labels`, with the finite
-    population correction once the chunk is `closed`): after a paced stream the
-    first round takes most of what is missing at once instead of two labels per
-    stratum per round; strata with fewer labels, and a burst with none, get
-    ordinary rounds.  The spread comes from the labels alone (the score prior
-    of a miscalibrated classifier would overshoot, and a threshold is never
-    lowered).  `variance_ratio` scales the targets (`shortfall_round`)."""
-    N = np.asarray(N, dtype=float)
+    labels to `CATCH_UP_SHARE` of the closed chunk's target (`target_labels`
+    with the finite population correction of the `N` items it holds: a round
+    comes only once the arrivals have stopped, and the pace aims at the same
+    target): after a paced stream the first round takes most of what is
+    missing at once instead of two labels per stratum per round; strata with
+    fewer labels, and a burst with none, get ordinary rounds.  Without the
+    correction the catch-up aimed at an open chunk's target and overshot where
+    the labels are a large share of the chunk (rare positives' recall and F1,
+    `docs/decisions/catch-up-target.md`).  The spread comes from the labels
+    alone (the score prior of a miscalibrated classifier would overshoot, and a
+    threshold is never lowered).  `variance_ratio` scales the targets
+    (`shortfall_round`)."""
     n = np.asarray(n, dtype=float)
-    closed = np.asarray(closed, dtype=bool)[..., None]
     p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
-    if closed.all() or not closed.any():  # one of the two targets (the same numbers, broadcast as np.where would)
-        one = target_labels(N, n, h, p, delta, confidence, fpc=bool(closed.all()), target=target)
-        need = np.broadcast_to(one, np.broadcast_shapes(closed.shape, one.shape))
-    else:
-        need = np.where(closed, target_labels(N, n, h, p, delta, confidence, fpc=True, target=target),
-                        target_labels(N, n, h, p, delta, confidence, target=target))
+    need = target_labels(N, n, h, p, delta, confidence, fpc=True, target=target)
     short = np.ceil(CATCH_UP_SHARE * need * np.asarray(variance_ratio, dtype=float)[..., None] - n)
-    room = np.maximum(N - n, 0.0)
+    room = np.maximum(np.asarray(N, dtype=float) - n, 0.0)
     return np.where(n >= CATCH_UP_MIN_LABELS, np.clip(short, 0.0, room), 0.0).astype(np.int64)
 
 

@@ -244,7 +244,7 @@ def test_plan_requests_allocates_a_metric_on_the_residual_spread_where_given():
     scale = confusion.allocation_scale(("recall",), N4, n, h, side)
     expected = allocation.allocate_opt_track(N4, n, h, q, 40, with_replacement=False,
                                              scale=scale * np.array([1.0, 1.0, 0.1, 1.0]))
-    assert cut.tolist() == np.maximum(expected, streams.catch_up(N4, n, h, q, 0.05, 0.95, False, target)).tolist()
+    assert cut.tolist() == np.maximum(expected, streams.catch_up(N4, n, h, q, 0.05, 0.95, target)).tolist()
     assert cut[2] < plain[2]
 
 

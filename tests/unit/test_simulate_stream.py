@@ -153,7 +153,7 @@ def test_a_burst_runs_the_fixed_population_design():
         assert e["pending"] == 0 and not e["converged"]
         D = streams.shortfall_round(8, e["N"], e["n"], e["h"], e["q"], 0.05, 0.95, e["closed"])
         expected = allocation.allocate_opt_track(e["N"], e["n"], e["h"], e["q"], D, with_replacement=False)
-        expected = np.maximum(expected, streams.catch_up(e["N"], e["n"], e["h"], e["q"], 0.05, 0.95, e["closed"]))
+        expected = np.maximum(expected, streams.catch_up(e["N"], e["n"], e["h"], e["q"], 0.05, 0.95))
         before = e["requested"] - (e["want"] if e["issued"] else 0)
         assert np.array_equal(e["want"], expected)
         assert np.array_equal(e["requested"] - before, expected)  # all taken, from the strata asked

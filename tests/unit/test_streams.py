@@ -198,20 +198,23 @@ def test_status():
     assert lifecycle.chunk_status(5, float("nan"), 0.02, 2, False, False, False) == "open"
 
 
-def test_catch_up_takes_a_labelled_stratum_to_most_of_its_target():
+def test_catch_up_takes_a_labelled_stratum_to_most_of_the_closed_chunks_target():
     # one stratum, N = 1000, 40 labels with 20 positive: p = (20.5)/41 = 1/2
     N, n, h = [1000.0], [40.0], [20.0]
-    target = streams.target_labels(N, n, h, [0.5], 0.05, 0.95)[0]
-    assert streams.catch_up(N, n, h, [0.99], 0.05, 0.95)[0] == np.ceil(streams.CATCH_UP_SHARE * target - 40)
     closed = streams.target_labels(N, n, h, [0.5], 0.05, 0.95, fpc=True)[0]
-    assert streams.catch_up(N, n, h, [0.99], 0.05, 0.95, closed=True)[0] == np.ceil(streams.CATCH_UP_SHARE * closed - 40)
+    assert streams.catch_up(N, n, h, [0.99], 0.05, 0.95)[0] == np.ceil(streams.CATCH_UP_SHARE * closed - 40)
+    # by hand: z = 1.95996, V = 0.05^2 / (z^2 margin), n0 = 0.25 / V, with the correction n0 / (1 + n0 / 1000)
+    z = 1.959963984540054
+    n0 = 0.25 * z * z * STOPPING_VARIANCE_MARGIN / 0.05**2
+    assert closed == pytest.approx(n0 / (1.0 + n0 / 1000.0))
+    assert closed < streams.target_labels(N, n, h, [0.5], 0.05, 0.95)[0]  # not the open chunk's
 
 
 def test_catch_up_leaves_thinly_labelled_strata_to_ordinary_rounds_and_never_exceeds_the_stratum():
-    got = streams.catch_up([1000.0, 50.0], [streams.CATCH_UP_MIN_LABELS - 1, 40.0], [10.0, 20.0], [0.5, 0.5],
-                           0.02, 0.95)
+    got = streams.catch_up([1000.0, 50.0], [streams.CATCH_UP_MIN_LABELS - 1, 40.0], [5.0, 20.0], [0.5, 0.5],
+                           0.01, 0.95)
     assert got[0] == 0  # too few labels to trust their spread
-    assert got[1] == 10  # wants more than the stratum has left
+    assert got[1] == 10  # Neyman's share of the small stratum is more than it has left (54.8 of 50)
     assert streams.catch_up([1000.0], [600.0], [300.0], [0.5], 0.05, 0.95)[0] == 0  # already past its target
 
 
