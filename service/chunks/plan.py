@@ -51,6 +51,15 @@ class Side:
     def strata(self) -> int:
         return self.cs.strata if self.cs is not None else 1
 
+    @property
+    def capacity(self) -> np.ndarray:
+        """The most labels each stratum can take this chunk: its items, at most the reservoir's
+        bottom-k size (``RESERVOIR_SIZE`` as the chunk keeps it), which holds the only items a
+        request can go to."""
+        if self.cs is None:
+            return np.zeros(1)
+        return np.minimum(self.cs.N, self.cs.effective_reservoir_size(self.cfg.reservoir_size))
+
     def column(self, name: str) -> np.ndarray:
         """N, n, h or thresholds of the side's strata (zeros for a side with no items yet)."""
         if self.cs is None:
@@ -101,6 +110,11 @@ class ChunkSnapshot:
     def lead(self) -> Side:
         """The side the chunk's streak and status live with: the positives, else the negatives."""
         return next(sd for sd in self.sides if sd.cs is not None)
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """Per stratum, the most labels it can take (`Side.capacity`)."""
+        return np.concatenate([sd.capacity for sd in self.sides])
 
     @property
     def columns(self) -> StrataColumns:
@@ -177,7 +191,7 @@ def plan_chunk(snapshot: ChunkSnapshot, report: ChunkReport, prior: np.ndarray, 
                                       s.pending == 0, converged, cfg.delta, cfg.confidence,
                                       allocation.round_size(s.N.size, cfg.round_labels_per_stratum),
                                       closed=s.closed, target=s.target, variance_ratio=report.variance_ratio,
-                                      spread_scale=report.allocation_scale)
+                                      spread_scale=report.allocation_scale, capacity=s.capacity)
     return ChunkPlan(streak, evaluated, halfwidth, tau, want)
 
 

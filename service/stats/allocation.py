@@ -63,18 +63,21 @@ def largest_remainder(shares: np.ndarray, total) -> np.ndarray:
     return base + (rank < short[..., None])
 
 
-def _cap(alloc: np.ndarray, N, n, with_replacement: bool, shares=None) -> np.ndarray:
-    """Without replacement, never more labels than a stratum's unlabelled items.
+def _cap(alloc: np.ndarray, N, n, with_replacement: bool, shares=None, capacity=None) -> np.ndarray:
+    """Without replacement, never more labels than a stratum's unlabelled items
+    (of its `capacity`, the most labels it can take, where that is less than its
+    items ``N``: the service's reservoir bound).
 
     Labels a full stratum cannot take go to the strata with room (in
     proportion to the method's own ``shares`` among them, else to their room),
-    so a round is short only when the whole population is labelled.
+    so a round is short only when every stratum is full.
     """
     alloc = np.asarray(alloc, dtype=np.int64)
     if with_replacement:
         return alloc
     shape = alloc.shape
-    room = np.broadcast_to(np.maximum(np.asarray(N) - np.asarray(n), 0), shape).astype(np.int64)
+    limit = np.asarray(N) if capacity is None else np.minimum(np.asarray(N), np.asarray(capacity))
+    room = np.broadcast_to(np.maximum(limit - np.asarray(n), 0), shape).astype(np.int64)
     want = alloc.sum(axis=-1)
     out = np.minimum(alloc, room)
     w = None if shares is None else np.broadcast_to(np.asarray(shares, dtype=float), shape)
@@ -198,7 +201,7 @@ def allocate_uniform(N, n, D, with_replacement=True) -> np.ndarray:
     return _cap(_track(shares, n, D), N, n, with_replacement, shares)
 
 
-def allocate_opt_track(N, n, h, q, D, with_replacement=True, scale=None) -> np.ndarray:
+def allocate_opt_track(N, n, h, q, D, with_replacement=True, scale=None, capacity=None) -> np.ndarray:
     """stratameter's default: deterministic tracking of the estimated Neyman allocation.
 
     Two changes to ``opt``/``opt_conf``, each removing a source of waste or
@@ -215,7 +218,8 @@ def allocate_opt_track(N, n, h, q, D, with_replacement=True, scale=None) -> np.n
       oracle's, with no extra randomness in n_k.
     Every stratum first gets ``MIN_LABELS_PER_STRATUM`` labels so that its
     variance can be estimated; the rest of that warm-up round (the round always
-    has ``D`` labels) goes by the tracking rule.
+    has ``D`` labels) goes by the tracking rule.  Without replacement a stratum
+    takes at most its `capacity` (default: its items; `_cap`).
     """
     N = np.asarray(N, dtype=float)
     n = np.asarray(n, dtype=float)
@@ -225,7 +229,7 @@ def allocate_opt_track(N, n, h, q, D, with_replacement=True, scale=None) -> np.n
     shares = np.broadcast_to(neyman_shares(N, half_label_smoothed(n, h), scale), shape)
     rest = D - warm.sum(axis=-1)
     alloc = warm + _track(shares, n + warm, rest)
-    return _cap(alloc, N, n, with_replacement, shares)
+    return _cap(alloc, N, n, with_replacement, shares, capacity)
 
 
 def _track(shares: np.ndarray, n, D) -> np.ndarray:

@@ -288,7 +288,7 @@ def shortfall_round(D, N, n, h, q, delta: float, confidence: float, closed, targ
 
 def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, delta: float, confidence: float,
                   round_labels: int, closed=False, target=None, variance_ratio=1.0,
-                  spread_scale=None) -> tuple[np.ndarray, np.ndarray]:
+                  spread_scale=None, capacity=None) -> tuple[np.ndarray, np.ndarray]:
     """One decision of the request loop for one chunk (or many runs at once).
 
     Returns ``(tau, want)``: the paced thresholds (while `flowing`) and the
@@ -306,32 +306,38 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     catch-up and shortfall rounds forecast, and `spread_scale` (per stratum,
     `difference.Calibrated.allocation_scale`) makes the rounds allocate on the
     residual spread (for another target, times its metrics' scale).
+    `capacity` (per stratum, default its items) is the most labels a stratum
+    can take: the service's reservoir keeps ``RESERVOIR_SIZE`` items a stratum,
+    so a round's labels that a full reservoir cannot give go to the strata that
+    can (`allocation._cap`), and a chunk stops asking where nothing is left.
     """
     flowing = np.asarray(flowing, dtype=bool)
     do_round = ~flowing & np.asarray(round_ready, dtype=bool) & ~np.asarray(converged, dtype=bool)
     # each part on the rows that use it only (`rows.on_rows`: the same numbers, every row computed alone)
     return (on_rows(flowing, partial(_paced, delta, confidence, target), (tau, N_final, n, h, q),
                     fill=np.asarray(tau, dtype=float)),
-            on_rows(do_round, partial(_round, delta, confidence, round_labels, target), (N, n, h, q, spread_scale),
-                    (closed, variance_ratio)))
+            on_rows(do_round, partial(_round, delta, confidence, round_labels, target),
+                    (N, n, h, q, spread_scale, capacity), (closed, variance_ratio)))
 
 
 def _paced(delta, confidence, target, tau, N_final, n, h, q) -> np.ndarray:
     return paced_thresholds(tau, N_final, target_labels(N_final, n, h, q, delta, confidence, fpc=True, target=target))
 
 
-def _round(delta, confidence, round_labels, target, N, n, h, q, spread_scale, closed, variance_ratio) -> np.ndarray:
+def _round(delta, confidence, round_labels, target, N, n, h, q, spread_scale, capacity, closed,
+           variance_ratio) -> np.ndarray:
     N = np.asarray(N, dtype=float)
     D = shortfall_round(round_labels, N, n, h, q, delta, confidence, closed, target, variance_ratio)
     scale = spread_scale
     if not (target is None or target.is_precision):  # the metrics' gradients, on the residual spread if given
         scale = allocation_scale(target.metrics, N, n, h, target.positive) * (1.0 if spread_scale is None
                                                                               else np.asarray(spread_scale))
-    want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale)
-    return np.maximum(want, catch_up(N, n, h, q, delta, confidence, target, variance_ratio))
+    want = allocate_opt_track(N, n, h, q, D, with_replacement=False, scale=scale, capacity=capacity)
+    return np.maximum(want, catch_up(N, n, h, q, delta, confidence, target, variance_ratio, capacity))
 
 
-def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_ratio=1.0) -> np.ndarray:
+def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_ratio=1.0,
+             capacity=None) -> np.ndarray:
     """Labels per stratum that bring a stratum with at least `CATCH_UP_MIN_LABELS`
     labels to `CATCH_UP_SHARE` of the closed chunk's target (`target_labels`
     with the finite population correction of the `N` items it holds: a round
@@ -344,12 +350,13 @@ def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_
     `docs/decisions/catch-up-target.md`).  The spread comes from the labels
     alone (the score prior of a miscalibrated classifier would overshoot, and a
     threshold is never lowered).  `variance_ratio` scales the targets
-    (`shortfall_round`)."""
+    (`shortfall_round`); no stratum goes past its `capacity` (`plan_requests`)."""
     n = np.asarray(n, dtype=float)
     p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
     need = target_labels(N, n, h, p, delta, confidence, fpc=True, target=target)
     short = np.ceil(CATCH_UP_SHARE * need * np.asarray(variance_ratio, dtype=float)[..., None] - n)
-    room = np.maximum(np.asarray(N, dtype=float) - n, 0.0)
+    limit = np.asarray(N, dtype=float) if capacity is None else np.minimum(N, np.asarray(capacity, dtype=float))
+    room = np.maximum(limit - n, 0.0)
     return np.where(n >= CATCH_UP_MIN_LABELS, np.clip(short, 0.0, room), 0.0).astype(np.int64)
 
 

@@ -4,6 +4,7 @@ every enabled metric's interval covers the truth computed from the ground truth.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -11,6 +12,7 @@ import orjson
 import pytest
 from scipy.special import expit
 
+from stratameter.simulate.whole_populations import whole_builtin
 from stratameter.stats.confusion import METRICS
 from tests.harness import Reviewer, running_service, wait_for
 
@@ -233,3 +235,34 @@ async def test_negatives_are_sampled_while_the_positives_are_too_few_for_strata(
         failures = [line for line in body.decode().splitlines()
                     if line.startswith("stratameter_classifier_failures_total{")]
         assert failures and all(line.endswith(" 0.0") for line in failures), failures
+
+
+async def test_a_chunk_whose_reservoirs_run_out_ends_exhausted(kafka_bootstrap, redis_url, unique_name):
+    """RESERVOIR_SIZE bounds the labels of a stratum in a chunk.  Rare positives (1 %) and a delta
+    the chunk cannot reach with 64 items a stratum: the negative strata next to the threshold fill
+    their reservoirs first; a round's labels that a full reservoir cannot give go to the strata that
+    can, until every reservoir is used, and once the chunk has closed its status is `exhausted`.
+    Before, the rounds kept asking the full reservoirs, nothing was issued, and the chunk stayed
+    `open` for good."""
+    pop = whole_builtin("fraud-rare", size=20_000)
+    reservoir, chunk_seconds = 64, 20
+    settings = {"DELTA": "0.1", "CONFIDENCE": "0.95", "MAX_LABELS_PER_HOUR": "20000", "METRICS": "precision,recall",
+                "RESERVOIR_SIZE": str(reservoir), "CHUNK_SECONDS": str(chunk_seconds), "ALLOWED_LATENESS_SECONDS": "1"}
+    async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
+        while time.time() % chunk_seconds > chunk_seconds - 12:  # the items land in one chunk
+            await asyncio.sleep(0.5)
+        now_ms = int(time.time() * 1000)
+        for i, s in enumerate(pop.scores):
+            await run.send_score(classifier_id="rare", item_id=f"i{i}", score=float(s), event_time=now_ms)
+
+        async def exhausted():
+            status, body = await run.get("/v1/classifiers/rare")
+            doc = orjson.loads(body) if status == 200 else None
+            return doc if doc and doc["status"] == "exhausted" else None
+
+        async with Reviewer(run, unique_name("rev"), lambda req: bool(pop.labels[int(req["item_id"][1:])])):
+            doc = await wait_for(exhausted, 120, "the chunk to close exhausted")
+    assert doc["closed"] and doc["pending"] == 0 and doc["scores"] == pop.size
+    assert [s["labels"] for s in doc["strata"]] == [min(s["items"], reservoir) for s in doc["strata"]]
+    assert doc["labels"] == sum(min(s["items"], reservoir) for s in doc["strata"])
+    assert doc["metrics"]["recall"]["ci_upper"] - doc["metrics"]["recall"]["ci_lower"] > 2 * 0.1

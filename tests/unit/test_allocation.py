@@ -19,6 +19,7 @@ from stratameter.stats.allocation import (
     MIN_LABELS_PER_STRATUM,
     PSEUDO_WEIGHT,
     allocate,
+    allocate_opt_track,
     largest_remainder,
     neyman_shares,
     pseudo_smoothed,
@@ -214,6 +215,15 @@ def test_without_replacement_labels_go_where_there_is_room(method):
     got = allocate(method, N=[3, 1000], n=[3, 50], h=[1, 50], q=[0.5, 0.9], D=4, round_index=3,
                    rng=rng(), with_replacement=False, first=([3, 5], [1, 5]))
     assert got.sum() == 4
+
+
+def test_opt_track_takes_no_stratum_past_its_capacity_hand_case():
+    """Two equal strata of 1000 items at p = 1/2, 10 labels each, a round of 20: Neyman's split is
+    10 + 10; with stratum 0's capacity 12 (its reservoir) it takes 2 and stratum 1 the other 18."""
+    N, n, h, q = [1000.0, 1000.0], [10.0, 10.0], [5.0, 5.0], [0.5, 0.5]
+    assert allocate_opt_track(N, n, h, q, 20, with_replacement=False).tolist() == [10, 10]
+    assert allocate_opt_track(N, n, h, q, 20, with_replacement=False, capacity=[12, 1000]).tolist() == [2, 18]
+    assert allocate_opt_track(N, n, h, q, 20, with_replacement=False, capacity=[10, 10]).tolist() == [0, 0]
 
 
 def test_opt_a2_round_zero_skips_empty_strata():

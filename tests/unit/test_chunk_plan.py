@@ -52,7 +52,7 @@ def test_the_plan_counts_a_held_side_as_labelled_at_its_prior():
 
 def _cfg(**over):
     cfg = dict(metrics="precision", chunk_seconds=3600, allowed_lateness_seconds=300, delta=0.1, confidence=0.95,
-               stop_rounds=2, round_labels_per_stratum=5)
+               stop_rounds=2, round_labels_per_stratum=5, reservoir_size=1024)
     cfg.update(over)
     return SimpleNamespace(**cfg)
 
@@ -93,6 +93,21 @@ def test_the_status_follows_the_stopping_rule_and_the_budget():
     narrow = plan_chunk(snapshot, report, np.array([0.8, 0.95]), _cfg(stop_rounds=5))
     assert narrow.status(snapshot, _cfg(stop_rounds=5), due=6, left=10, budget=5) == "waiting_for_budget"
     assert narrow.status(snapshot, _cfg(stop_rounds=5), due=3, left=10, budget=5) == "open"
+
+
+def test_a_round_goes_where_the_reservoirs_have_items_left():
+    """Two strata of 5000 items whose arrivals have stopped; stratum 0 (half positive, the wider) has
+    had every item its reservoir of 64 keeps requested: the round's labels go to stratum 1, which
+    can still give them.  With reservoirs as large as the strata, stratum 0 takes its share."""
+    cs = ChunkState(10, np.array([0.5]), np.array([5000.0, 5000]), np.array([64.0, 20]), np.array([32.0, 10]),
+                    first_ms=36_000_000, last_ms=36_000_001)
+    for size, expect_first in ((64, False), (100_000, True)):
+        cfg = _cfg(delta=0.02, reservoir_size=size)
+        snapshot = _snapshot(cs, cfg)
+        assert not snapshot.flowing and snapshot.capacity.tolist() == [min(size, 5000)] * 2
+        report = chunk_report(snapshot.columns, ["precision"], cfg.confidence, snapshot.closed)
+        plan = plan_chunk(snapshot, report, np.array([0.5, 0.5]), cfg)
+        assert (plan.want[0] > 0) == expect_first and plan.want[1] > 0
 
 
 def test_the_snapshot_key_changes_with_what_the_design_looks_at():
