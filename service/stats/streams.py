@@ -63,6 +63,10 @@ PACE_SHARE = 0.5
 #: comes from the labels, not from the scores).
 CATCH_UP_SHARE = 0.97
 CATCH_UP_MIN_LABELS = 30
+#: For recall and F1, the catch-up also waits for this many labelled positives in the chunk: their
+#: gradients come from the estimated recall, and targets read off a few positives overshoot
+#: (`docs/decisions/catch-up-target.md`).
+CATCH_UP_MIN_POSITIVES = 100
 #: A stream is taken to have stopped for this chunk after a silence of this
 #: many mean inter-arrival gaps (a Poisson stream is silent that long with
 #: probability e^-20) ...
@@ -350,14 +354,19 @@ def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_
     `docs/decisions/catch-up-target.md`).  The spread comes from the labels
     alone (the score prior of a miscalibrated classifier would overshoot, and a
     threshold is never lowered).  `variance_ratio` scales the targets
-    (`shortfall_round`); no stratum goes past its `capacity` (`plan_requests`)."""
+    (`shortfall_round`); no stratum goes past its `capacity` (`plan_requests`).
+    For a target with a ratio metric (recall, F1) nothing is caught up before
+    the chunk's labels hold `CATCH_UP_MIN_POSITIVES` positives."""
     n = np.asarray(n, dtype=float)
     p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
     need = target_labels(N, n, h, p, delta, confidence, fpc=True, target=target)
     short = np.ceil(CATCH_UP_SHARE * need * np.asarray(variance_ratio, dtype=float)[..., None] - n)
     limit = np.asarray(N, dtype=float) if capacity is None else np.minimum(N, np.asarray(capacity, dtype=float))
     room = np.maximum(limit - n, 0.0)
-    return np.where(n >= CATCH_UP_MIN_LABELS, np.clip(short, 0.0, room), 0.0).astype(np.int64)
+    ready = n >= CATCH_UP_MIN_LABELS
+    if target is not None and target.has_ratio:
+        ready &= np.sum(h, axis=-1, keepdims=True) >= CATCH_UP_MIN_POSITIVES
+    return np.where(ready, np.clip(short, 0.0, room), 0.0).astype(np.int64)
 
 
 def threshold_after(tau: float, free_priorities, extra: int) -> float:

@@ -7,6 +7,7 @@ import pytest
 
 from stratameter.chunks import lifecycle
 from stratameter.stats import streams
+from stratameter.stats.confusion import Target
 from stratameter.stats.estimator import STOPPING_VARIANCE_MARGIN, z_value
 
 
@@ -238,3 +239,17 @@ def test_a_closed_chunk_the_loop_left_below_target_is_stopped():
     for done in ("converged", "exhausted"):
         assert lifecycle.final_status(done, closed=True, sampled=False) == done
     assert "stopped" in lifecycle.STATUSES
+
+
+def test_catch_up_for_recall_waits_for_enough_labelled_positives():
+    """Recall's catch-up reads its gradients off the labelled positives: with fewer than
+    CATCH_UP_MIN_POSITIVES in the chunk it takes nothing (the ordinary rounds go on); from then on the
+    same labels as without the rule.  Precision's catch-up does not wait."""
+    target = Target(("recall",), np.array([True, True, False, False]))
+    N, n, q = np.array([2000.0, 2000.0, 50_000.0, 50_000.0]), np.full(4, 80.0), np.full(4, 0.5)
+    few, enough = np.array([30.0, 38.0, 2.0, 0.0]), np.array([60.0, 37.0, 2.0, 1.0])  # 70 and 100 positives
+    assert enough.sum() == streams.CATCH_UP_MIN_POSITIVES
+    assert streams.catch_up(N, n, few, q, 0.05, 0.95, target).tolist() == [0, 0, 0, 0]
+    assert streams.catch_up(N, n, enough, q, 0.05, 0.95, target).sum() > 0
+    half = np.array([20.0, 20.0, 20.0, 19.0])  # 79 positives in 40 labels a stratum
+    assert streams.catch_up(N, np.full(4, 40.0), half, q, 0.02, 0.95).min() > 0  # precision's does not wait
