@@ -63,6 +63,13 @@ def largest_remainder(shares: np.ndarray, total) -> np.ndarray:
     return base + (rank < short[..., None])
 
 
+def room_left(N, n, capacity=None) -> np.ndarray:
+    """Labels each stratum can still take: its unlabelled items, within its `capacity` (the most
+    labels it can take where that is less than its items ``N``: the service's reservoir bound)."""
+    limit = np.asarray(N, dtype=float) if capacity is None else np.minimum(N, np.asarray(capacity, dtype=float))
+    return np.maximum(limit - np.asarray(n, dtype=float), 0.0)
+
+
 def _cap(alloc: np.ndarray, N, n, with_replacement: bool, shares=None, capacity=None) -> np.ndarray:
     """Without replacement, never more labels than a stratum's unlabelled items
     (of its `capacity`, the most labels it can take, where that is less than its
@@ -76,8 +83,7 @@ def _cap(alloc: np.ndarray, N, n, with_replacement: bool, shares=None, capacity=
     if with_replacement:
         return alloc
     shape = alloc.shape
-    limit = np.asarray(N) if capacity is None else np.minimum(np.asarray(N), np.asarray(capacity))
-    room = np.broadcast_to(np.maximum(limit - np.asarray(n), 0), shape).astype(np.int64)
+    room = np.broadcast_to(room_left(N, n, capacity), shape).astype(np.int64)
     want = alloc.sum(axis=-1)
     out = np.minimum(alloc, room)
     w = None if shares is None else np.broadcast_to(np.asarray(shares, dtype=float), shape)

@@ -49,7 +49,7 @@ from functools import partial
 
 import numpy as np
 
-from .allocation import MIN_LABELS_PER_STRATUM, allocate_opt_track, pseudo_smoothed
+from .allocation import MIN_LABELS_PER_STRATUM, allocate_opt_track, pseudo_smoothed, room_left
 from .confusion import allocation_scale
 from .estimator import STOPPING_VARIANCE_MARGIN, Interval, half_label_smoothed, interval, z_value
 from .rows import on_rows
@@ -361,8 +361,7 @@ def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_
     p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
     need = target_labels(N, n, h, p, delta, confidence, fpc=True, target=target)
     short = np.ceil(CATCH_UP_SHARE * need * np.asarray(variance_ratio, dtype=float)[..., None] - n)
-    limit = np.asarray(N, dtype=float) if capacity is None else np.minimum(N, np.asarray(capacity, dtype=float))
-    room = np.maximum(limit - n, 0.0)
+    room = room_left(N, n, capacity)
     ready = n >= CATCH_UP_MIN_LABELS
     if target is not None and target.has_ratio:
         ready &= np.sum(h, axis=-1, keepdims=True) >= CATCH_UP_MIN_POSITIVES
