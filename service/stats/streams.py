@@ -65,8 +65,11 @@ CATCH_UP_SHARE = 0.97
 CATCH_UP_MIN_LABELS = 30
 #: For recall and F1, the catch-up also waits for this many labelled positives in the chunk: their
 #: gradients come from the estimated recall, and targets read off a few positives overshoot
-#: (`docs/decisions/catch-up-target.md`).
+#: (`docs/decisions/catch-up-target.md`) ...
 CATCH_UP_MIN_POSITIVES = 100
+#: ... or for this share of the positives the chunk is estimated to hold, if that is fewer (a short
+#: chunk may not hold 100 positives at all, and would then never be caught up).
+CATCH_UP_POSITIVES_SHARE = 0.5
 #: A stream is taken to have stopped for this chunk after a silence of this
 #: many mean inter-arrival gaps (a Poisson stream is silent that long with
 #: probability e^-20) ...
@@ -134,7 +137,7 @@ def target_labels(N, n, h, q, delta: float, confidence: float, fpc: bool = False
     (`allocation.pseudo_smoothed`), and at least ``MIN_LABELS_PER_STRATUM`` in
     every non-empty stratum.
 
-    For a `confusion.Target` other than precision, ``W_k`` is each metric's
+    For a `target.Target` other than precision, ``W_k`` is each metric's
     ``|dM/dp_k|`` (Neyman on the linearised variable; the finite population
     term is ``sum_k g_k^2 S_k^2 / N_k``), and a stratum needs the most any
     enabled metric asks of it.
@@ -171,7 +174,7 @@ def paced_thresholds(tau, N_final, n_target) -> np.ndarray:
 def chunk_interval(N, n, h, confidence: float, closed, target=None) -> Interval:
     """The reported interval: with the finite population correction only once the chunk is closed.
 
-    With a `confusion.Target`, the widest of its metrics' intervals (the one
+    With a `target.Target`, the widest of its metrics' intervals (the one
     the stopping rule and the label forecasts look at)."""
     def one(fpc: bool) -> Interval:
         if target is None or target.is_precision:
@@ -302,7 +305,7 @@ def plan_requests(N, n, h, q, tau, N_final, flowing, round_ready, converged, del
     labels, or once the chunk has `closed` a share of what its interval says
     is missing: `shortfall_round`), or more where a stratum with
     `CATCH_UP_MIN_LABELS` labels is short of `CATCH_UP_SHARE` of its target
-    (`catch_up`).  A `confusion.Target` other than precision sizes and
+    (`catch_up`).  A `target.Target` other than precision sizes and
     allocates for its metrics (`confusion.allocation_scale`).  The caller turns
     ``want`` into higher thresholds by taking the next-lowest priorities of
     each stratum (`threshold_after`).  `variance_ratio` (below 1 where the difference
@@ -356,7 +359,9 @@ def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_
     threshold is never lowered).  `variance_ratio` scales the targets
     (`shortfall_round`); no stratum goes past its `capacity` (`plan_requests`).
     For a target with a ratio metric (recall, F1) nothing is caught up before
-    the chunk's labels hold `CATCH_UP_MIN_POSITIVES` positives."""
+    the chunk's labels hold `CATCH_UP_MIN_POSITIVES` positives, or
+    `CATCH_UP_POSITIVES_SHARE` of the positives its strata are estimated to hold
+    if that is fewer (`enough_positives`)."""
     n = np.asarray(n, dtype=float)
     p = half_label_smoothed(n, h)  # the labels' own spread: the scores' prior plays no part here
     need = target_labels(N, n, h, p, delta, confidence, fpc=True, target=target)
@@ -364,8 +369,17 @@ def catch_up(N, n, h, q, delta: float, confidence: float, target=None, variance_
     room = room_left(N, n, capacity)
     ready = n >= CATCH_UP_MIN_LABELS
     if target is not None and target.has_ratio:
-        ready &= np.sum(h, axis=-1, keepdims=True) >= CATCH_UP_MIN_POSITIVES
+        ready &= enough_positives(N, h, p)
     return np.where(ready, np.clip(short, 0.0, room), 0.0).astype(np.int64)
+
+
+def enough_positives(N, h, p) -> np.ndarray:
+    """Whether a chunk's labels hold enough positives for recall's and F1's catch-up (per row, shaped
+    to broadcast over the strata): `CATCH_UP_MIN_POSITIVES`, or `CATCH_UP_POSITIVES_SHARE` of the
+    positives ``sum N_k p_k`` its `N` items per stratum hold at the labels' rates `p`, if fewer."""
+    labelled = np.sum(h, axis=-1, keepdims=True)
+    held = np.sum(np.asarray(N, dtype=float) * p, axis=-1, keepdims=True)
+    return labelled >= np.minimum(CATCH_UP_MIN_POSITIVES, CATCH_UP_POSITIVES_SHARE * held)
 
 
 def threshold_after(tau: float, free_priorities, extra: int) -> float:

@@ -7,7 +7,7 @@ import pytest
 
 from stratameter.chunks import lifecycle
 from stratameter.stats import streams
-from stratameter.stats.confusion import Target
+from stratameter.stats.target import Target
 from stratameter.stats.estimator import STOPPING_VARIANCE_MARGIN, z_value
 
 
@@ -181,7 +181,7 @@ def test_shortfall_round_grows_the_labels_at_most_eightfold():
 def test_shortfall_round_is_not_capped_for_recall_or_f1():
     """Accuracy is capped as precision is; with recall or F1 enabled a round takes half of what
     is missing (docs/development/label-efficiency.md "Rounds after the close": the cap cost them labels)."""
-    from stratameter.stats.confusion import Target
+    from stratameter.stats.target import Target
 
     N, n, h, q = [5e4] * 4, [2.0] * 4, [1.0, 2.0, 0.0, 1.0], [0.6, 0.9, 0.05, 0.3]
     side = [True, True, False, False]
@@ -253,3 +253,20 @@ def test_catch_up_for_recall_waits_for_enough_labelled_positives():
     assert streams.catch_up(N, n, enough, q, 0.05, 0.95, target).sum() > 0
     half = np.array([20.0, 20.0, 20.0, 19.0])  # 79 positives in 40 labels a stratum
     assert streams.catch_up(N, np.full(4, 40.0), half, q, 0.02, 0.95).min() > 0  # precision's does not wait
+
+
+def test_a_chunk_short_of_positives_waits_for_half_of_those_it_holds():
+    """A short chunk may hold fewer than 2 x CATCH_UP_MIN_POSITIVES positives: it waits for half the
+    positives its strata are estimated to hold, sum N_k (h_k + 1/2) / (n_k + 1).  By hand, strata of
+    60, 60, 500 and 500 items with 45, 45, 30 and 30 labels: 10, 10, 0, 0 positives estimate
+    60 x 21/46 + 500 x 1/31 = 43.52, half 21.8 > 20 labelled (not yet); 20, 18, 1, 0 estimate
+    60 x 39/46 + 500 x 2/31 = 83.13, half 41.6 > 39 (not yet); 40, 40, 0, 0 estimate
+    60 x 81/46 + 500 x 1/31 = 121.78, half 60.9 <= 80 (ready, with fewer than CATCH_UP_MIN_POSITIVES)."""
+    N, n = np.array([60.0, 60.0, 500.0, 500.0]), np.array([45.0, 45.0, 30.0, 30.0])
+    p = lambda h: (np.asarray(h, float) + 0.5) / (n + 1)  # noqa: E731 (the labels' rates, as catch_up takes them)
+    for h, ready in (([10, 10, 0, 0], False), ([20, 18, 1, 0], False), ([40, 40, 0, 0], True)):
+        assert bool(streams.enough_positives(N, np.array(h, float), p(h))[0]) is ready, h
+    assert np.isclose((N * p([40, 40, 0, 0])).sum(), 60 * 81 / 46 + 500 / 31)
+    big = N * 100  # a chunk 100 x as large: 100 labelled positives, as before
+    assert not streams.enough_positives(big, np.array([40.0, 40, 0, 0]), p([40, 40, 0, 0]))[0]
+    assert streams.enough_positives(big, np.array([45.0, 45, 5, 5]), p([45, 45, 5, 5]))[0]
