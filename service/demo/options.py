@@ -26,3 +26,16 @@ class DemoOptions:
     reviewers: str = "simulated"  # or "label-studio": people label in a local Label Studio (the bridge)
     label_timeout: float = 30.0
     keep_logs: bool = False  # keep the service's, the bridge's and the backends' logs after the run
+
+    def streaming_end(self, started: float) -> float:
+        """When the scores stop, for a run of `duration` seconds from `started` (epoch seconds): `settle`
+        seconds before the end (at most a quarter of the run), so the reviewers finish the last chunk;
+        but not on less than half a chunk, whose recall interval would rest on a few dozen positives (the
+        run then stops at the chunk boundary before it, and the reviewers have longer)."""
+        assert self.duration is not None
+        cs = self.chunk_seconds
+        end = started + self.duration - min(self.settle, self.duration / 4)
+        boundary = (end // cs) * cs
+        if end - boundary < cs / 2 and boundary > started + cs / 4:
+            return boundary
+        return end

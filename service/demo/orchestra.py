@@ -203,18 +203,10 @@ class Demo:
     # ---- the phases -------------------------------------------------------------------
     def _plan(self) -> None:
         o = self.opts
-        cs = o.chunk_seconds
         self.started = time.time()
         if o.duration is not None:
-            # Scores stream until `settle` seconds before the end (at most a quarter of the run);
-            # the reviewers then finish the last chunk.
             self.ends_at = self.started + o.duration
-            end = self.ends_at - min(o.settle, o.duration / 4)
-            boundary = (end // cs) * cs
-            # Do not end on a sliver of a chunk: its estimate would rest on a handful of items.
-            if end - boundary < cs / 4 and boundary > self.started + cs / 4:
-                end = boundary
-            self.streaming_until = end
+            self.streaming_until = o.streaming_end(self.started)
 
     async def _main_phase(self) -> list[dict]:
         self.phase = "streaming"
