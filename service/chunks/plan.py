@@ -19,7 +19,7 @@ import numpy as np
 
 from ..state.records import ChunkState
 from ..stats import allocation, stopping, streams
-from ..stats.confusion import Target
+from ..stats.target import Target
 from .lifecycle import chunk_closed, chunk_status
 from .report import ChunkReport, StrataColumns
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..ingest.ingestor import provisional_cap
 from ..stats import stopping
-from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, Target, value
+from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, value
+from ..stats.target import Target
 from ..stats.calibration import resolve_kind, to_probability
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import boundaries

@@ -28,7 +28,8 @@ import numpy as np
 
 from ..stats import allocation, stopping, streams
 from ..stats.calibration import resolve_kind, stratum_mean_probability
-from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION, Target
+from ..stats.confusion import DEFAULT_NEGATIVE_STRATIFICATION
+from ..stats.target import Target
 from ..stats.difference import CALIBRATION_MIN_LABELS, Labelled, StratumGrid, calibrated_metrics, feature
 from ..stats.sketch import ScoreHistogram
 from ..stats.strata import assign, boundaries
@@ -58,7 +59,7 @@ class Chunk:
 
     @property
     def target(self) -> Target | None:
-        """The design's `confusion.Target` (None: precision's)."""
+        """The design's `target.Target` (None: precision's)."""
         return None if self.positive is None else Target((self.metric,), self.positive)
 
     @classmethod

@@ -8,7 +8,7 @@ import pytest
 
 from stratameter.chunks.report import StrataColumns, chunk_report
 from stratameter.stats import confusion, streams
-from stratameter.stats.confusion import Target
+from stratameter.stats.target import Target
 from stratameter.stats.difference import Calibrated
 from stratameter.stats.estimator import Interval
 

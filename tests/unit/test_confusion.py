@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from stratameter.stats import allocation, confusion, estimator
+from stratameter.stats.target import Target
 
 # Two strata: 10 predicted positives (8 truly positive), 90 predicted negatives (9 truly positive).
 N = np.array([10.0, 90.0])
@@ -178,7 +179,7 @@ def test_precision_target_is_todays_stream_design():
     n = rng.integers(2, 40, size=(30, 4))
     h = rng.binomial(n, 0.7)
     q = rng.random((30, 4))
-    t = confusion.Target.precision(4)
+    t = Target.precision(4)
     assert np.array_equal(streams.target_labels(N, n, h, q, 0.02, 0.95, True),
                           streams.target_labels(N, n, h, q, 0.02, 0.95, True, target=t))
     a = streams.chunk_interval(N, n, h, 0.95, True)
@@ -201,7 +202,7 @@ def test_target_labels_reach_delta_on_the_linearised_variance():
     p = np.array([0.7, 0.95, 0.004, 0.05])
     n = np.full(4, 10**9)  # pseudo-observations negligible: the spread is the labels'
     h = np.round(n * p)
-    need = streams.target_labels(N4, n * 0, h * 0, p, 0.02, 0.95, target=confusion.Target(("recall",), side))
+    need = streams.target_labels(N4, n * 0, h * 0, p, 0.02, 0.95, target=Target(("recall",), side))
     g = confusion.gradient("recall", N4, p, side)
     # pseudo_smoothed with no labels is the prior q = p
     v = np.sum(g * g * p * (1 - p) / need)
@@ -218,11 +219,11 @@ def test_plan_requests_sends_labels_to_negative_strata_for_recall():
     q = np.array([0.7, 0.95, 0.01, 0.06])
     args = (N4, n, h, q, np.full(4, 0.01), N4, False, True, False, 0.05, 0.95, 8)
     _, want_p = streams.plan_requests(*args)
-    _, want_r = streams.plan_requests(*args, target=confusion.Target(("recall",), side))
+    _, want_r = streams.plan_requests(*args, target=Target(("recall",), side))
     assert want_r[2:].sum() > 0 and want_r.sum() >= 8
     assert want_p.sum() >= 8
     with pytest.raises(ValueError, match="need a metric"):
-        confusion.Target(("precision",), side)
+        Target(("precision",), side)
 
 
 def test_plan_requests_allocates_a_metric_on_the_residual_spread_where_given():
@@ -235,7 +236,7 @@ def test_plan_requests_allocates_a_metric_on_the_residual_spread_where_given():
     side = np.array([True, True, False, False])
     n, h = np.array([10, 10, 10, 10]), np.array([7, 9, 0, 1])
     q = np.array([0.7, 0.95, 0.01, 0.06])
-    target = confusion.Target(("recall",), side)
+    target = Target(("recall",), side)
     args = (N4, n, h, q, np.full(4, 0.01), N4, False, True, False, 0.05, 0.95, 40)
     _, plain = streams.plan_requests(*args, target=target)
     _, ones = streams.plan_requests(*args, target=target, spread_scale=np.ones(4))
@@ -252,7 +253,7 @@ def test_widest_interval_is_the_widest_metric():
     N4 = np.array([300.0, 200.0, 6000.0, 1500.0])
     side = np.array([True, True, False, False])
     n, h = np.array([10, 10, 10, 10]), np.array([7, 9, 0, 1])
-    t = confusion.Target(("precision", "recall", "accuracy"), side)
+    t = Target(("precision", "recall", "accuracy"), side)
     ivs = t.intervals(N4, n, h, 0.95, False)
     widest = t.widest(N4, n, h, 0.95, False)
     assert widest.halfwidth == pytest.approx(max(iv.halfwidth for iv in ivs.values()))
@@ -318,7 +319,7 @@ def test_a_metric_over_an_empty_population_is_undefined_not_an_error():
     assert all(np.isnan(getattr(precision, f)) for f in ("estimate", "lower", "upper", "stderr"))
     recall = confusion.metric_interval("recall", N3, n, h, side)
     assert np.isfinite(recall.halfwidth)
-    t = confusion.Target(("precision", "recall"), side)
+    t = Target(("precision", "recall"), side)
     widest = t.widest(N3, n, h, 0.95, False)
     assert widest.halfwidth == pytest.approx(float(recall.halfwidth))
     assert float(streams.chunk_interval(N3, n, h, 0.95, True, t).halfwidth) == pytest.approx(
@@ -336,3 +337,4 @@ def test_a_metric_over_an_empty_population_is_undefined_not_an_error():
         "precision", Nb[1], nb[1], hb[1], side).halfwidth))
     with pytest.raises(ValueError, match="metric must be one of"):
         confusion.metric_interval("precisoin", N3, n, h, side)
+

@@ -173,7 +173,7 @@ def test_labels_to_reach_refuses_proportions_above_one_where_labels_are():
 def test_shortfall_round_with_a_target_equals_its_definition():
     """Recall, F1 and accuracy keep the generic search (`chunk_interval` with the target); a
     precision-only `Target` takes `widths.ClosedWidths`."""
-    from stratameter.stats.confusion import Target
+    from stratameter.stats.target import Target
 
     rng = np.random.default_rng(7)
     targets = [Target.precision(4), Target(("recall", "f1"), [True, True, False, False]),
