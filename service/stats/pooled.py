@@ -31,7 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .confusion import RATIO_METRICS, correct_counts, population, ratio_shifts, side_slopes, value_of_totals
+from .confusion import (
+    RATIO_METRICS,
+    correct_counts,
+    population,
+    ratio_shifts,
+    reaching,
+    side_slopes,
+    value_of_totals,
+)
 from .estimator import (
     STOPPING_VARIANCE_MARGIN,
     Interval,
@@ -185,6 +193,6 @@ def interval_of_sums(metric: str, sums: CellSums, confidence: float) -> Interval
         with np.errstate(divide="ignore", invalid="ignore"):
             n_eff = np.minimum(np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN),
                                labels)
-        iv = wilson_score(np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0), n_eff, z,
-                          np.isfinite(var) & np.isfinite(est), est, np.sqrt(var), now)
+        iv = reaching(wilson_score(np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0), n_eff, z,
+                                   np.isfinite(var) & np.isfinite(est), est, np.sqrt(var), now), m_smooth)
     return iv.undefined_where(empty) if np.any(empty) else iv

@@ -338,3 +338,24 @@ def test_a_metric_over_an_empty_population_is_undefined_not_an_error():
     with pytest.raises(ValueError, match="metric must be one of"):
         confusion.metric_interval("precisoin", N3, n, h, side)
 
+
+def test_a_ratio_interval_reaches_the_guarded_metric_when_few_labels_part_them():
+    """32 labels of a chunk of 3,600 (26 predicted positives, 2 labels each; 14, 5, 3, 2 of 2,097,
+    679, 513 and 285 predicted negatives, no false negative among them): the plug-in reads recall 1,
+    the guarded proportions (h + 1/2) / (n + 1) read, by hand,
+    TP = 6/6 + (7 + 6 + 7) x 5/6 = 17.667 and FN = 2097/30 + 679/12 + 513/8 + 285/6 = 238.11,
+    recall 17.667 / 255.78 = 0.0691.  The interval reaches down to it (it read [0.82, 1] before),
+    so no stopping rule takes it for converged; with many labels nothing changes."""
+    N = np.array([6.0, 7, 6, 7, 2097, 679, 513, 285])
+    n = np.array([2.0, 2, 2, 2, 14, 5, 3, 2])
+    h = np.array([0.0, 2, 2, 2, 0, 0, 0, 0])
+    side = np.arange(8) < 4
+    tp, fn = 1 + 20 * 5 / 6, 2097 / 30 + 679 / 12 + 513 / 8 + 285 / 6
+    iv = confusion.ratio_interval("recall", N, n, h, side)
+    assert iv.estimate == pytest.approx(1.0) and iv.upper == pytest.approx(1.0)
+    assert iv.lower == pytest.approx(tp / (tp + fn), abs=1e-9)
+    many = confusion.ratio_interval("recall", N, N * 0.5, h * 0 + N * 0.5 * np.where(side, 0.8, 0.002), side)
+    plain = confusion.reaching(many, 0.5 * (many.lower + many.upper))  # a guarded value inside: unchanged
+    assert (plain.lower, plain.upper) == (many.lower, many.upper)
+    nan = estimator.Interval(np.array(np.nan), np.array(np.nan), np.array(np.nan), np.array(np.nan))
+    assert np.isnan(confusion.reaching(nan, 0.3).lower)  # no bounds yet: still none
