@@ -42,6 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--population", metavar="FILE",
                      help="CSV or JSONL with columns score,label (label 0/1), predicted positives only "
                           "unless --threshold is given")
+    src.add_argument("--fleet", metavar="FILE.toml",
+                     help="several classifiers sharing one review team's hourly budget (a fleet file): each "
+                          "classifier's half-width against its delta at the end of the hour, labels and "
+                          "coverage, with the budget shared, split equally and split by volume (takes --runs, "
+                          "--seed, --confidence or --alpha, --json)")
     p.add_argument("--threshold", type=float,
                    help="predicted positive means score >= THRESHOLD (precision keeps only those rows; "
                         "recall, F1 and accuracy keep every row)")
@@ -160,6 +165,10 @@ def _main_calibration(args, pop) -> int:
 
 
 def main(args) -> int:
+    if getattr(args, "fleet", None):
+        from . import fleet_command
+
+        return fleet_command.main(args)
     if getattr(args, "trace", None) is not None and not (args.stream and args.metric == "precision"):
         print("stratameter simulate: error: --trace needs --stream (with --metric precision)", file=sys.stderr)
         return 2
