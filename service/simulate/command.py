@@ -80,6 +80,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "difference estimator (the score inside the strata, CALIBRATION_MIN_LABELS 100), paired on "
                         "common random numbers: labels at the stop, the saving, coverage (per-item draws: minutes); "
                         "with --stream, per scenario on the same chunks")
+    p.add_argument("--shadow", action="store_true",
+                   help="a model and its shadow scoring the same items of a whole-stream --builtin population, each "
+                        "estimating its precision to --delta: the pair's label requests with independent and with "
+                        "shared (item-hash) priorities against each alone, and each one's coverage")
+    p.add_argument("--shadow-noise", type=float, default=None, metavar="SIGMA",
+                   help="with --shadow: standard deviation of the noise on the shadow's margin (default 0.5)")
     _add_stream_arguments(p)
     p.set_defaults(handler=main)
 
@@ -169,6 +175,10 @@ def main(args) -> int:
         from . import fleet_command
 
         return fleet_command.main(args)
+    if getattr(args, "shadow", False):
+        from . import shadow
+
+        return shadow.main(args)
     if getattr(args, "trace", None) is not None and not (args.stream and args.metric == "precision"):
         print("stratameter simulate: error: --trace needs --stream (with --metric precision)", file=sys.stderr)
         return 2
