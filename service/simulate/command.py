@@ -80,12 +80,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "difference estimator (the score inside the strata, CALIBRATION_MIN_LABELS 100), paired on "
                         "common random numbers: labels at the stop, the saving, coverage (per-item draws: minutes); "
                         "with --stream, per scenario on the same chunks")
-    p.add_argument("--shadow", action="store_true",
-                   help="a model and its shadow scoring the same items of a whole-stream --builtin population, each "
-                        "estimating its precision to --delta: the pair's label requests with independent and with "
-                        "shared (item-hash) priorities against each alone, and each one's coverage")
-    p.add_argument("--shadow-noise", type=float, default=None, metavar="SIGMA",
-                   help="with --shadow: standard deviation of the noise on the shadow's margin (default 0.5)")
+    _add_shadow_arguments(p)
     _add_stream_arguments(p)
     p.set_defaults(handler=main)
 
@@ -102,6 +97,16 @@ def _add_metric_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--margin-strata", action="store_true",
                    help="with --metric accuracy: also Kumar & Raj's strata on |score - threshold| pooled across "
                         "both sides (label = the prediction was right), beside the two-sided design")
+
+
+def _add_shadow_arguments(p: argparse.ArgumentParser) -> None:
+    """--shadow and its noise (`shadow`)."""
+    p.add_argument("--shadow", action="store_true",
+                   help="a model and its shadow scoring the same items of a whole-stream --builtin population, each "
+                        "estimating its precision to --delta: the pair's label requests with independent and with "
+                        "shared (item-hash) priorities against each alone, and each one's coverage")
+    p.add_argument("--shadow-noise", type=float, default=None, metavar="SIGMA",
+                   help="with --shadow: standard deviation of the noise on the shadow's margin (default 0.5)")
 
 
 def _add_stream_arguments(p: argparse.ArgumentParser) -> None:
