@@ -232,7 +232,6 @@ def moments_ratio_interval(metric: str, N, moments: StratumMoments, events, posi
     z = z_value(confidence)
     shifted = ratio_shifts(metric, N, moments, events, positive, fpc)
     p_smooth, var = shifted.p_smooth, shifted.var
-    se = np.sqrt(var)
     missing = ((n == 0) & (N > 0)).any(axis=-1)  # as `plug_in`: NaN where the plain estimate is
     plain = value(metric, N, np.clip(moments.mean, 0.0, 1.0), positive)
 
@@ -241,12 +240,19 @@ def moments_ratio_interval(metric: str, N, moments: StratumMoments, events, posi
                         value(metric, N, np.clip(moments.mean + shift, 0.0, 1.0), positive))
 
     est, now = corrected(shifted.at_stop), corrected(shifted.now)
-    m_smooth = value(metric, N, p_smooth, positive)
+    return ratio_wilson(est, now, value(metric, N, p_smooth, positive), var, n.sum(axis=-1), z)
+
+
+def ratio_wilson(est, now, m_smooth, var, labels, z: float) -> Interval:
+    """The Wilson interval of a ratio metric around `est` on ``n_eff = M (1 - M) / v`` taken at its
+    guarded value ``M`` = `m_smooth` (`var` inflated by `STOPPING_VARIANCE_MARGIN`, never above
+    `labels`), `reaching` that value; `now` the reported estimate.  A chunk's (`moments_ratio_interval`)
+    and a window's (`pooled.interval_of_sums`)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         n_eff = np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN)
-    n_eff = np.minimum(n_eff, n.sum(axis=-1))
+    n_eff = np.minimum(n_eff, labels)
     p = np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0)
-    return reaching(wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, se, now), m_smooth)
+    return reaching(wilson_score(p, n_eff, z, np.isfinite(var) & np.isfinite(est), est, np.sqrt(var), now), m_smooth)
 
 
 def reaching(iv: Interval, m_smooth) -> Interval:

@@ -36,18 +36,16 @@ from .confusion import (
     correct_counts,
     population,
     ratio_shifts,
-    reaching,
+    ratio_wilson,
     side_slopes,
     value_of_totals,
 )
 from .estimator import (
-    STOPPING_VARIANCE_MARGIN,
     Interval,
     half_label_smoothed,
     stratum_variances,
     undefined_interval,
     wilson_design_effect,
-    wilson_score,
     z_value,
 )
 from .moments import StratumMoments
@@ -188,11 +186,6 @@ def interval_of_sums(metric: str, sums: CellSums, confidence: float) -> Interval
     z = z_value(confidence)
     if metric not in RATIO_METRICS:
         iv = wilson_design_effect(est, var, labels, z, now)
-    else:  # the effective size at the guarded metric, as `confusion.moments_ratio_interval`
-        m_smooth = metric_of(sums.smooth)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            n_eff = np.minimum(np.clip(m_smooth * (1.0 - m_smooth), 1e-300, None) / (var * STOPPING_VARIANCE_MARGIN),
-                               labels)
-        iv = reaching(wilson_score(np.clip(np.nan_to_num(est, nan=0.5), 0.0, 1.0), n_eff, z,
-                                   np.isfinite(var) & np.isfinite(est), est, np.sqrt(var), now), m_smooth)
+    else:  # the effective size at the guarded metric, as a chunk's
+        iv = ratio_wilson(est, now, metric_of(sums.smooth), var, labels, z)
     return iv.undefined_where(empty) if np.any(empty) else iv
