@@ -22,9 +22,9 @@ import numpy as np
 from scipy.special import expit, logit
 
 from ..stats import allocation, estimator, stopping
-from ..stats.calibration import stratum_mean_probability
-from ..stats.sketch import ScoreHistogram
-from ..stats.strata import assign, boundaries
+from ..stats.strata import assign
+from . import engine
+from .populations import Population
 from .whole_populations import WholeStream
 
 #: Items of the chunk the pair scores.
@@ -49,20 +49,14 @@ class Side:
         return float(self.G.sum() / self.N.sum())
 
 
-def side(scores: np.ndarray, y: np.ndarray, threshold: float, strata: int = 4) -> Side:
-    """The strata the service would cut on the predicted positives' scores (`engine.prepare`)."""
+def side(scores: np.ndarray, y: np.ndarray, threshold: float) -> Side:
+    """The strata the service would cut on the predicted positives' scores (`engine.prepare`, the
+    default design), and each item's among the strata that hold items."""
     pred = scores >= threshold
-    hist = ScoreHistogram.from_scores(scores[pred])
-    cuts = boundaries(hist, strata, "perc")
-    stratum = np.where(pred, assign(scores, cuts), -1)
-    k = cuts.size + 1
-    N = np.bincount(stratum[pred], minlength=k)
-    G = np.bincount(stratum[pred], weights=y[pred], minlength=k).astype(np.int64)
-    keep = np.flatnonzero(N > 0)
-    relabel = np.full(k, -1)
-    relabel[keep] = np.arange(keep.size)
-    return Side(np.where(pred, relabel[np.maximum(stratum, 0)], -1), N[keep], G[keep],
-                stratum_mean_probability(hist, cuts)[keep])
+    st = engine.prepare(Population("side", scores[pred], y[pred]), engine.Design())
+    full = assign(scores, st.cuts)
+    held = np.unique(full[pred])  # `prepare` drops a stratum the histogram left empty
+    return Side(np.where(pred, np.searchsorted(held, full), -1), st.N, st.G, st.q)
 
 
 def pair(pop: WholeStream, seed: int, noise: float = NOISE) -> tuple[Side, Side, np.ndarray]:
