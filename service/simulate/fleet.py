@@ -67,12 +67,7 @@ class HourResult:
     upper: np.ndarray
     converged: np.ndarray
     truth: np.ndarray  # (C,)
-
-    def ratios(self, members: tuple[Member, ...]) -> np.ndarray:
-        """Weighted half-width over delta (inf where there is no interval)."""
-        w = np.array([m.weight for m in members])
-        d = np.array([m.delta for m in members])
-        return w * np.where(np.isfinite(self.halfwidth), self.halfwidth, np.inf) / d
+    ratio: np.ndarray  # weighted half-width over delta (inf where there is no interval)
 
     def covered(self) -> np.ndarray:
         return (self.lower <= self.truth) & (self.truth <= self.upper)
@@ -139,8 +134,10 @@ class _Fleet:
 
     def result(self) -> HourResult:
         stack = lambda field: np.stack([getattr(iv, field) for iv in self.iv], axis=1)  # noqa: E731
-        return HourResult(self.labels(), self.halfwidth(), stack("estimate"), stack("lower"), stack("upper"),
-                          stopping.should_stop(self.streak), np.array([t.truth for t in self.truths]))
+        hw = self.halfwidth()
+        return HourResult(self.labels(), hw, stack("estimate"), stack("lower"), stack("upper"),
+                          stopping.should_stop(self.streak), np.array([t.truth for t in self.truths]),
+                          self.weight * hw / self.delta)
 
 
 def _fixed_rounds(fleet: _Fleet, left: np.ndarray) -> np.ndarray:

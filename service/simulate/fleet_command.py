@@ -35,7 +35,7 @@ def study(spec: FleetSpec, runs: int, seed: int, confidence: float) -> dict:
 
 def _summary(spec: FleetSpec, hours: list[fleet.HourResult]) -> dict:
     """Per classifier pooled over the hours, and per hour the worst weighted ratio (mean over runs)."""
-    ratios = [r.ratios(spec.members) for r in hours]
+    ratios = [r.ratio for r in hours]
     worst_by_hour = [float(np.mean(np.max(x, axis=1))) for x in ratios]
     labels = np.concatenate([r.labels for r in hours])
     ratio = np.concatenate(ratios)

@@ -82,7 +82,8 @@ def share_budget(f: Forecast, budget) -> np.ndarray:
     classifiers with the largest ratio after the allocation that still have room.  A classifier with
     no interval yet (its pilot) is not served from the shared budget here: its own warm-up round is."""
     budget = np.asarray(budget, dtype=float)
-    ratio = np.where(np.isfinite(f.ratio()), f.ratio(), 0.0)
+    ratio = f.ratio()
+    ratio = np.where(np.isfinite(ratio), ratio, 0.0)
     lo = np.zeros(np.shape(ratio)[:-1])
     hi = np.max(ratio, axis=-1, initial=0.0)
     for _ in range(LEVEL_STEPS):
@@ -98,8 +99,9 @@ def _spend_rest(f: Forecast, give: np.ndarray, budget) -> np.ndarray:
     that still has room and is not within its delta (at most one per classifier: rounding left less
     than one each)."""
     left = np.floor(budget - give.sum(axis=-1)).astype(np.int64)
-    after = np.asarray(f.weight, dtype=float) * halfwidth_after(f, give) / f.delta
-    open_ = (give < np.asarray(f.room, dtype=float)) & (halfwidth_after(f, give) > f.delta) & np.isfinite(after)
+    hw = halfwidth_after(f, give)
+    after = np.asarray(f.weight, dtype=float) * hw / f.delta
+    open_ = (give < np.asarray(f.room, dtype=float)) & (hw > f.delta) & np.isfinite(after)
     order = np.argsort(np.where(open_, -after, np.inf), axis=-1)
     rank = np.argsort(order, axis=-1)
     extra = (rank < np.asarray(left)[..., None]) & open_
