@@ -34,13 +34,16 @@ pytestmark = pytest.mark.system
 ITEMS = int(os.environ.get("STRATAMETER_RARE_ITEMS", "60000"))
 DELTA = float(os.environ.get("STRATAMETER_RARE_DELTA", "0.1"))
 RESERVOIR = os.environ.get("STRATAMETER_RARE_RESERVOIR", "1024")
+#: All four intervals but one must cover: all four at 0.95 failed one of five clean-clone runs (F1 by
+#: 0.003), two misses in four where each covers 0.95-0.99 (`simulate --metric`) happen in about 1 % of runs
+CONFIDENCE = 0.95
 CHUNK_SECONDS = 3600
 METRICS = ("precision", "recall", "f1", "accuracy")
 
 
 def random_labels(pop, metric: str, halfwidth: float) -> float:
-    """Labels simple random sampling of the chunk needs for `halfwidth` at 95 %, without replacement."""
-    z = z_value(0.95)
+    """Labels simple random sampling of the chunk needs for `halfwidth` at `CONFIDENCE`, without replacement."""
+    z = z_value(CONFIDENCE)
     n0 = z * z * pop.srs_variance(metric, 1) / (halfwidth * halfwidth)
     return n0 / (1.0 + (n0 - 1.0) / pop.size)
 
@@ -48,7 +51,7 @@ def random_labels(pop, metric: str, halfwidth: float) -> float:
 @pytest.mark.parametrize("name", ["fraud-rare", "abuse-rare-weak"])
 async def test_rare_positives_converge_through_the_service(name, kafka_bootstrap, redis_url, unique_name):
     pop = whole_builtin(name, size=ITEMS)
-    settings = {"DELTA": str(DELTA), "CONFIDENCE": "0.95", "MAX_LABELS_PER_HOUR": "1000000",
+    settings = {"DELTA": str(DELTA), "CONFIDENCE": str(CONFIDENCE), "MAX_LABELS_PER_HOUR": "1000000",
                 "METRICS": ",".join(METRICS), "CHUNK_SECONDS": str(CHUNK_SECONDS), "RESERVOIR_SIZE": RESERVOIR}
     async with running_service(kafka_bootstrap, redis_url, unique_name, **settings) as run:
         while time.time() % CHUNK_SECONDS > CHUNK_SECONDS - 120:  # the burst (seconds) lands in one chunk
@@ -78,13 +81,16 @@ async def test_rare_positives_converge_through_the_service(name, kafka_bootstrap
     report = {"population": name, "items": pop.size, "prevalence": pop.prevalence, "delta": DELTA,
               "reservoir": int(RESERVOIR), "seconds": round(seconds, 1), "labels": doc["labels"],
               "strata": [[s["side"], s["items"], s["labels"]] for s in doc["strata"]], "redis_bytes": memory}
+    misses = []
     for m in METRICS:
         iv, truth = doc["metrics"][m], pop.truth(m)
         assert iv["ci_upper"] - iv["ci_lower"] <= 2 * DELTA + 1e-9, (m, iv)
-        assert iv["ci_lower"] <= truth <= iv["ci_upper"], (m, truth, iv)
+        if not iv["ci_lower"] <= truth <= iv["ci_upper"]:
+            misses.append((m, truth, iv))
         report[m] = {"truth": round(truth, 4), "estimate": round(iv["estimate"], 4),
                      "halfwidth": round((iv["ci_upper"] - iv["ci_lower"]) / 2, 4),
                      "random_labels": round(random_labels(pop, m, DELTA))}
+    assert len(misses) <= 1, misses
     report["labels_over_random_recall"] = round(doc["labels"] / report["recall"]["random_labels"], 3)
     assert report["labels_over_random_recall"] < 0.8  # the simulation's mean: 0.29 and 0.46 x
     print(orjson.dumps(report).decode())
