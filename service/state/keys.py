@@ -84,6 +84,14 @@ Service-wide ``<prefix>:{_global}:...``
   offsets:<scope>     hash   partition -> last applied offset of the counts of `scope` (a topic
                              name for `invalid`, "labels-unknown" for `labels_unknown`)
 
+Per review group ``<prefix>:{<group>~group}:...`` (a shared label budget, issue 52; ``~`` is not a
+classifier-id character, so the slot is the group's own, docs/concepts/shared-budget.md):
+  granted:<hour>      string labels granted to the group's classifiers in clock hour <hour> (epoch h)
+                             (GRANT; expires two hours after its last grant)
+  forecasts           hash   "<cid>/<chunk>" -> JSON of the chunk's forecast (`chunks.group_plan`,
+                             written by its request loop each step; fields older than
+                             `chunks.group_plan.FORECAST_TTL_SECONDS` are ignored and deleted)
+
 The Label Studio bridge (``stratameter bridge label-studio``, ``service/bridge/``), per Label Studio
 project id ``<p>``; no script touches them, each call names one key:
   {cid}:ls:<p>:<rid>  string the task of label request `rid`: "claim <instance> <ms> <n>" while a
@@ -106,6 +114,8 @@ GLOBAL_TAG = "_global"
 #: The largest STRATAMETER_STRATA allowed: a chunk has at most this many reservoirs (``c:<t>:res:<k>``),
 #: each of which is deleted when the chunk is purged or forgotten.
 MAX_STRATA = 20
+#: The hash-tag suffix of a review group's keys (``{<group>~group}``).
+GROUP_SUFFIX = "~group"
 #: The state id of a classifier's predicted negatives is the classifier id plus this.
 NEGATIVES_SUFFIX = "~negatives"
 
@@ -236,6 +246,19 @@ class Keys:
 
     def global_offsets(self, scope: str) -> str:
         return f"{self.global_stem}:offsets:{scope}"
+
+    # ---- per review group (a shared label budget) ---------------------------------------
+    def group(self, group: str) -> str:
+        """The stem ``<prefix>:{<group>~group}`` of a review group's keys (a slot of its own)."""
+        return f"{self.prefix}:{{{group}{GROUP_SUFFIX}}}"
+
+    def group_granted(self, group: str, hour: int) -> str:
+        """``<prefix>:{<group>~group}:granted:<hour>``: the labels granted in clock hour `hour`."""
+        return f"{self.group(group)}:granted:{hour}"
+
+    def group_forecasts(self, group: str) -> str:
+        """``<prefix>:{<group>~group}:forecasts``: its classifiers' chunks' forecasts."""
+        return f"{self.group(group)}:forecasts"
 
     # ---- the Label Studio bridge (service/bridge/) --------------------------------------
     def label_studio_request(self, cid: str, project: int, rid: str) -> str:

@@ -1,4 +1,4 @@
-"""The Redis adapter: every Redis call of the service, as four ports over one connection.
+"""The Redis adapter: every Redis call of the service, as five ports over one connection.
 
 * `chunks` (`chunk_store.ChunkStore`): chunks, strata, histograms, reservoirs, INGEST;
 * `requests` (`request_store.RequestStore`): label requests (ISSUE, EXPIRE, LABEL, the outbox),
@@ -6,7 +6,8 @@
 * `offsets` (`offset_store.OffsetStore`): the states' stored offsets, the guarded service-wide
   counts, the partitions' applied and acknowledged marks;
 * `registry` (`registry.Registry`): the service-wide classifiers, leases, heartbeats, the noted
-  settings.
+  settings;
+* `groups` (`group_store.GroupStore`): review groups' shared label budgets and forecasts.
 
 `Store` is the one object the app wires; each component is handed the port it uses (the ingestor,
 the request loop and the state watch, which use several, the `Store`, and keep their ports).  The
@@ -27,13 +28,14 @@ from redis.asyncio import Redis, RedisCluster
 
 from .chunk_store import ChunkStore
 from .connection import StateConnection
+from .group_store import GroupStore
 from .offset_store import OffsetStore
 from .registry import Registrations, Registry
 from .request_store import RequestStore
 
 
 class Store:
-    """The four ports over one Redis client and key prefix."""
+    """The five ports over one Redis client and key prefix."""
 
     def __init__(self, redis: Redis | RedisCluster, prefix: str) -> None:
         self.connection = StateConnection(redis, prefix)
@@ -43,3 +45,4 @@ class Store:
         self.requests = RequestStore(self.connection)
         self.offsets = OffsetStore(self.connection)
         self.registry = Registry(self.connection, registrations)
+        self.groups = GroupStore(self.connection)
