@@ -280,6 +280,9 @@ async def _exercise(store: Store, settings) -> None:
     await store.offsets.note_acknowledged({cid: {"scores:0": 300, "labels:0": 5}})  # raised, never lowered
     assert await store.offsets.acknowledged_offsets([cid, negatives, "clf-none"], ["scores:0", "labels:0"]) == {
         cid: {"scores:0": 400, "labels:0": 5}, negatives: {"scores:0": 390}}
+    assert await store.groups.grant("team", now, 5, 3) == 3  # GRANT: in the group's own slot
+    assert await store.groups.grant("team", now, 5, 3) == 2  # the paced allowance's rest
+    assert await store.groups.granted_this_hour("team", now) == 5
     assert await store.requests.forget(cid, await store.chunks.chunk_ids(cid))  # FORGET
     assert not await store.redis.exists(store.keys.meta(cid), store.keys.chunk_meta(cid, chunk_a),
                                         store.keys.acknowledged(cid))  # its acknowledged offsets with it
@@ -306,7 +309,7 @@ async def test_every_script_touches_only_its_declared_keys_in_one_slot(embedded_
             slots = {key_slot(k) for k in declared}
             assert len(slots) == 1, f"{name}: KEYS in {len(slots)} slots: {declared}"
             tag = re.match(rb"[^{]*(\{[^}]+\})", declared[0]).group(1)
-            assert tag in (b"{clf-1}", b"{_global}"), (name, declared)
+            assert tag in (b"{clf-1}", b"{_global}", b"{team~group}"), (name, declared)
             for cmd in commands:
                 if tuple(cmd) not in getkeys:
                     getkeys[tuple(cmd)] = [k if isinstance(k, bytes) else k.encode()
