@@ -12,13 +12,17 @@ in its ``Annotated[...]``.  Secrets (`KAFKA_SASL_PASSWORD`, `REDIS_PASSWORD`, th
 Passwords are `SecretStr`: masked in repr, str and `Settings.safe_dict()`, which also masks a password
 inside ``REDIS_URL`` (`clients.py`).
 
-Per-classifier overrides come from the JSON file named by ``STRATAMETER_CLASSIFIERS_CONFIG_FILE``::
+Per-classifier overrides come from the JSON file named by ``STRATAMETER_CLASSIFIERS_CONFIG_FILE``
+(`overrides.py`), with the review groups sharing a label budget under its reserved key ``$review_groups``::
 
-    {"fraud-v3": {"threshold": 0.7, "delta": 0.01, "max_labels_per_hour": 200}}
+    {"$review_groups": {"trust-safety": {"budget_per_hour": 2000}},
+     "fraud-v3": {"threshold": 0.7, "delta": 0.01, "max_labels_per_hour": 200, "review_group": "trust-safety"}}
 
 validated by the same checks as the variables (unknown keys are rejected);
 `Settings.for_classifier(cid)` returns the effective `ClassifierConfig`, a model derived from the
-fields marked per classifier.
+fields marked per classifier.  `Settings.review_budgets` maps each group with a shared budget to its
+labels per hour (``default``'s is ``STRATAMETER_REVIEW_BUDGET_PER_HOUR``), and `Settings.group_of(cid)`
+names the group classifier `cid` draws on (None: its own ``MAX_LABELS_PER_HOUR`` alone holds).
 """
 
 from .checks import ENV_PREFIX, ConfigError, Mark, env_var, mask_url

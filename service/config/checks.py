@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, ValidationError
 
+from stratameter.schemas.messages import CLASSIFIER_ID_RULE, is_classifier_id
+
 ENV_PREFIX = "STRATAMETER_"
 MASK = "**********"
 
@@ -116,6 +118,16 @@ def name_chars(what: str, max_len: int = 256) -> AfterValidator:
     def rule(v: str) -> str:
         if not (len(v) <= max_len and _NAME_RE.fullmatch(v)):
             raise ValueError(f"{what} must be 1-{max_len} characters of [A-Za-z0-9._:-], got {v!r}")
+        return v
+    return check(rule)
+
+
+def classifier_id_like(what: str) -> AfterValidator:
+    """A name under the classifier-id rule (`stratameter.schemas.messages.is_classifier_id`): one that
+    ends up, as a classifier id does, in Redis key hash tags and metric labels (a review group)."""
+    def rule(v: str) -> str:
+        if not is_classifier_id(v):
+            raise ValueError(f"{what} must be {CLASSIFIER_ID_RULE} (the classifier-id rule), got {v!r}")
         return v
     return check(rule)
 

@@ -112,6 +112,7 @@ class ClientOptions:
                 v = mask_url(v)
             out[name] = v
         out["overridden_classifiers"] = list(self.overridden_classifiers)
+        out["review_budgets"] = self.review_budgets
         return out
 
     def __repr_args__(self):  # type: ignore[no-untyped-def]

@@ -43,6 +43,9 @@ def main(args) -> int:
     if settings.overridden_classifiers:
         print(f"per-classifier overrides ({settings.classifiers_config_file}): "
               f"{', '.join(settings.overridden_classifiers)}")
+    if settings.review_budgets:
+        print("review groups with a shared budget (labels per hour): "
+              + ", ".join(f"{group} {budget}" for group, budget in settings.review_budgets.items()))
     return 0
 
 

@@ -1,7 +1,8 @@
 """`Settings`: each setting declared once, with its check, default and marks; `ClassifierConfig` derived.
 
 A field reads ``name: Annotated[type, check, mark...] = default``.  The check (`.checks`) runs on
-``STRATAMETER_<NAME>`` and, for a per-classifier setting, on the overrides file alike; the marks
+``STRATAMETER_<NAME>`` and, for a per-classifier setting, on the overrides file alike (`.overrides`
+reads that file: the overrides and the review groups); the marks
 (`Mark`) say what else the field is: FROM_FILE (a ``*_FILE`` variant), OVERRIDE (may differ per
 classifier, docs/reference/configuration.md's ``*``), CARRY (per classifier, the same for all).  `ClassifierConfig`,
 `OVERRIDABLE` and `FILE_SECRETS` are read off these declarations; tests/unit/test_config_docs.py holds
@@ -16,19 +17,16 @@ from pathlib import Path
 from typing import Annotated, Any, get_args
 from urllib.parse import urlsplit
 
-import orjson
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, create_model,
                       model_validator)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from stratameter.schemas.messages import (
-    CLASSIFIER_ID_RULE,
     TOPIC_DEAD_LETTER,
     TOPIC_LABEL_REQUESTS,
     TOPIC_LABELS,
     TOPIC_SCORES,
     event_time_window,
-    is_classifier_id,
 )
 
 from ..state.keys import owner_of
@@ -43,6 +41,7 @@ from .checks import (
     Mark,
     check,
     choice_list,
+    classifier_id_like,
     duration_list,
     env_var,
     field_errors,
@@ -62,6 +61,7 @@ from .checks import (
     valid_redis_url,
 )
 from .clients import ClientOptions
+from .overrides import DEFAULT_GROUP, ClassifiersFile, load_classifiers_file, review_budgets
 from .source import ENVIRON, EnvSource
 
 SECURITY_PROTOCOLS: tuple[str, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -133,6 +133,11 @@ class Settings(ClientOptions, BaseSettings):
     calibration_min_labels: Annotated[int, in_range(0), OVERRIDE] = CALIBRATION_MIN_LABELS
     chunk_seconds: Annotated[AtLeast1, CARRY] = 3600
     max_labels_per_hour: Annotated[AtLeast1, OVERRIDE] = 500
+    # a label budget shared by a review group (named groups: "$review_groups" in CLASSIFIERS_CONFIG_FILE,
+    # `.overrides`); a request needs room in its group's budget and in MAX_LABELS_PER_HOUR alike
+    review_budget_per_hour: Annotated[int, in_range(0)] = 0  # the group "default"'s (global); 0: none
+    review_group: Annotated[str, classifier_id_like("a group name"), OVERRIDE] = DEFAULT_GROUP
+    review_weight: Annotated[float, check(positive), OVERRIDE] = 1.0  # lowers the largest weight x halfwidth / delta
     label_timeout_seconds: Annotated[float, check(positive), OVERRIDE] = 86400.0
     round_labels_per_stratum: Annotated[AtLeast1, CARRY] = 2
     stop_rounds: Annotated[AtLeast1, CARRY] = 2
@@ -172,6 +177,7 @@ class Settings(ClientOptions, BaseSettings):
 
     _defaults: BaseModel = PrivateAttr()
     _overrides: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
+    _review_budgets: dict[str, int] = PrivateAttr(default_factory=dict)
     _cache: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
 
     def __init__(self, **values: Any) -> None:
@@ -205,8 +211,10 @@ class Settings(ClientOptions, BaseSettings):
         if errors:
             raise ConfigError(errors)
         self._defaults = ClassifierConfig(**{k: getattr(self, k) for k in PER_CLASSIFIER})
-        if self.classifiers_config_file is not None:
-            self._overrides = _load_overrides(self.classifiers_config_file, self._defaults)
+        file = ClassifiersFile() if self.classifiers_config_file is None else \
+            load_classifiers_file(self.classifiers_config_file, self._defaults, OVERRIDABLE)
+        self._overrides = file.overrides
+        self._review_budgets = review_budgets(file.groups, self.review_budget_per_hour, self.review_group)
         return self
 
     # ---- per classifier
@@ -253,6 +261,21 @@ class Settings(ClientOptions, BaseSettings):
     @property
     def overridden_classifiers(self) -> tuple[str, ...]:
         return tuple(sorted(self._overrides))
+
+    # ---- review groups
+
+    @property
+    def review_budgets(self) -> dict[str, int]:
+        """Every review group with a shared budget and its labels per hour (a new dict): those under
+        ``$review_groups``, and ``default`` with REVIEW_BUDGET_PER_HOUR (or its file entry) if it has one."""
+        return dict(self._review_budgets)
+
+    def group_of(self, cid: str) -> str | None:
+        """The review group whose shared budget classifier `cid` draws from: its `review_group` if that
+        group has a budget, else None (its own MAX_LABELS_PER_HOUR alone holds).  For the state of its
+        predicted negatives (`state.keys.negatives_of(cid)`), the classifier's group."""
+        group: str = self.for_classifier(cid).review_group
+        return group if group in self._review_budgets else None
 
 
 def _window_errors(s: Settings) -> list[tuple[str, str]]:
@@ -326,42 +349,6 @@ ClassifierConfig: type[BaseModel] = create_model(
     classifier_id=(str | None, None),
     **{n: (_FIELDS[n].rebuild_annotation(), _FIELDS[n].default) for n in PER_CLASSIFIER},  # type: ignore[call-overload]
 )
-
-
-def _load_overrides(path: Path, defaults: BaseModel) -> dict[str, BaseModel]:
-    var = env_var("classifiers_config_file")
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except OSError as exc:
-        raise ConfigError([(var, f"cannot read {str(path)!r}: {exc.strerror or exc}")]) from None
-    except orjson.JSONDecodeError as exc:
-        raise ConfigError([(var, f"{str(path)!r} is not valid JSON: {exc}")]) from None
-    if not isinstance(doc, dict):
-        raise ConfigError([(var, f"{str(path)!r} must hold a JSON object "
-                                 '{"<classifier_id>": {"<setting>": value, ...}, ...}')])
-    base = defaults.model_dump(exclude={"classifier_id"})
-    out: dict[str, BaseModel] = {}
-    errors: list[tuple[str, str]] = []
-    for cid, over in doc.items():
-        if not is_classifier_id(cid):
-            errors.append((var, f"{cid!r} is not a classifier id ({CLASSIFIER_ID_RULE})"))
-            continue
-        if not isinstance(over, dict):
-            errors.append((var, f"{cid}: must be an object of settings, got {type(over).__name__}"))
-            continue
-        unknown = sorted(set(over) - set(OVERRIDABLE))
-        if unknown:
-            errors.append((var, f"{cid}: unknown setting(s) {', '.join(map(repr, unknown))}; "
-                                f"allowed: {', '.join(OVERRIDABLE)}"))
-            continue
-        try:
-            out[cid] = ClassifierConfig.model_validate({**base, **over, "classifier_id": cid}, strict=True)
-        except ValidationError as exc:
-            errors.extend((var, f"{cid}.{field}: {msg}")
-                          for field, msg in field_errors(exc, lambda f: f, lambda f: False))
-    if errors:
-        raise ConfigError(errors)
-    return out
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:

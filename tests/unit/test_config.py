@@ -415,7 +415,7 @@ def test_overridable_keys_match_the_model():
     assert set(OVERRIDABLE) < set(ClassifierConfig.model_fields)
     assert set(OVERRIDABLE) == {"threshold", "delta", "confidence", "strata", "stratification", "allocation",
                                 "max_labels_per_hour", "label_timeout_seconds", "score_kind", "metrics",
-                                "negative_strata", "calibration_min_labels"}
+                                "negative_strata", "calibration_min_labels", "review_group", "review_weight"}
 
 
 def test_per_classifier_settings_are_derived_from_the_declarations():
