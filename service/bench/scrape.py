@@ -53,7 +53,7 @@ async def _ingest(store, settings, cids: list[str], chunks: list[int], now_ms: i
 async def _label(store, cid: str, chunks: list[int], now_ms: int, rng: np.random.Generator) -> int:
     """One classifier's chunks labelled: per chunk and stratum `LABELS_PER_STRATUM` reservoir members
     requested (ISSUE, under the seeder's lease) and answered, 80% positive (LABEL); the labels accepted."""
-    from ..requests.loop import new_request_id
+    from ..requests.messages import new_request_id
     from ..state.calls import LabelCall
 
     states = await store.chunks.chunk_states(cid, chunks)

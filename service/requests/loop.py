@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import time
 
 import numpy as np
 import orjson
-
-from stratameter.schemas.outbound import label_request_bytes
 
 from ..chunks import lifecycle
 from ..chunks.lifecycle import chunk_closed
@@ -45,26 +42,18 @@ from ..state.keys import first_negative_stratum, negatives_of, owner_of
 from ..state.process import ProcessState
 from ..state.records import ChunkState
 from ..state.store import Store
+from .group_budget import GroupBudget
 from .memory import ClassifierMemory, Prior, Purge
+from .messages import new_request_id, request_message
 
 log = logging.getLogger(__name__)
-
-def new_request_id(state_id: str) -> str:
-    return f"{state_id}/{secrets.token_urlsafe(16)}"
-
-
-def request_message(rid: str, cid: str, stratum: int, member: dict, requested_ms: int, deadline_ms: int,
-                    predicted_positive: bool = True) -> bytes:
-    """A `stratameter.label-requests` record (the contract: schemas.messages.LabelRequest)."""
-    return label_request_bytes(rid, cid, member["i"], member["s"], stratum, requested_ms / 1000, deadline_ms / 1000,
-                               member.get("x"), predicted_positive)
-
 
 class RequestLoop:
     def __init__(self, store: Store, process: ProcessState, settings, publish) -> None:
         """`publish(list[(key, value)])` sends records to the label-requests topic and waits for acks."""
         self.chunks, self.requests, self.registry, self.process = store.chunks, store.requests, store.registry, process
         self.settings, self.publish, self.instance = settings, publish, settings.instance_id
+        self.group_budget = GroupBudget(store.groups, settings)  # a review group's shared budget, if any
         self._memory: dict[str, ClassifierMemory] = {}  # per classifier it steps (`requests.memory`)
 
     def _remember(self, cid: str) -> ClassifierMemory:
@@ -289,10 +278,11 @@ class RequestLoop:
     async def _carry_out(self, cid: str, snapshot: ChunkSnapshot, plan: ChunkPlan, cfg, now: int,
                          issued_before: int) -> tuple[int, str]:
         """Request the items due under the plan's thresholds, the most urgent first, as far as the
-        hourly budget allows; record the chunk's status.  Returns the requests issued and the status."""
+        hourly budget (and the review group's, `group_budget`) allows; record the chunk's status.  Returns the requests issued and the status."""
         sides, lead = snapshot.sides, snapshot.lead
         due, taus, left = await self._due_by_side(sides, plan.tau, plan.want)
         budget = max(0, await self._budget_left([sd.state_id for sd in sides], cfg, now, issued_before))
+        budget = await self.group_budget.labels_for(cid, snapshot, plan, cfg, now, len(due), budget)
         status = plan.status(snapshot, cfg, len(due), left, budget)
         chosen = due[:budget]
         issued = 0
