@@ -5,6 +5,8 @@
   /readyz                   Kafka and Redis reachable recently (503 otherwise)
   /v1/classifiers           JSON list of classifier ids
   /v1/classifiers/{id}      JSON estimate, interval, strata and history
+  /v1/review-groups         JSON list of the review groups with a shared label budget (`review_groups`)
+  /v1/review-groups/{group} JSON of one: its budget, granted this hour, remaining, classifiers
   /                         the status page: every classifier (HTML)
   /classifiers/{id}         the status page of one classifier (HTML)
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from urllib.parse import unquote
 
 import orjson
@@ -20,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from stratameter.schemas.messages import CLASSIFIER_ID_RULE, is_classifier_id
 
-from . import page, views
+from . import page, review_groups, views
 
 log = logging.getLogger(__name__)
 
@@ -57,29 +60,54 @@ async def route(service, method: str, path: str) -> bytes:
         cid = unquote(path[len("/v1/classifiers/"):])
         if not is_classifier_id(cid):
             return _error(400, f"classifier id must be {CLASSIFIER_ID_RULE}")
-        doc = await views.classifier_view(service.store.chunks, service.process, cid,
-                                          service.settings.for_classifier(cid))
+        doc = await _classifier_doc(service, cid, await _budgets(service))
         if doc is None:
             return _error(404, f"unknown classifier {cid!r}")
         return _response(200, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY, default=float))
+    if path == "/v1/review-groups" or path.startswith("/v1/review-groups/"):
+        return await _review_groups(service, path)
     if path == "/" or path.startswith("/classifiers/"):
         return await _page(service, path)
     return _error(404, "not found")
 
 
+async def _budgets(service) -> dict[str, review_groups.GroupBudget]:
+    """The review groups' budgets now (one read a group with a shared budget)."""
+    return await review_groups.group_budgets(service.store.groups, service.settings, int(time.time() * 1000))
+
+
+async def _classifier_doc(service, cid: str, budgets: dict, history: bool = True) -> dict | None:
+    """`views.classifier_view` of `cid`, with its review group's budget (`budgets`)."""
+    return await views.classifier_view(service.store.chunks, service.process, cid, service.settings.for_classifier(cid),
+                                       history=history,
+                                       group=review_groups.member_budget(budgets, service.settings, cid))
+
+
+async def _review_groups(service, path: str) -> bytes:
+    """``/v1/review-groups`` (every group's document) or ``/v1/review-groups/{group}`` (one; 404 for
+    a group with no shared budget)."""
+    budgets = await _budgets(service)
+    name = unquote(path[len("/v1/review-groups/"):]) if path.startswith("/v1/review-groups/") else None
+    if name is not None and name not in budgets:
+        return _error(404, f"no review group {name!r} with a shared budget")
+    if name is not None:
+        budgets = {name: budgets[name]}
+    docs = review_groups.group_docs(budgets, service.settings, await service.store.registry.classifiers())
+    return _response(200, orjson.dumps(docs if name is None else docs[0]))
+
+
 async def _page(service, path: str) -> bytes:
     """The status page (`page`): the overview at ``/``, one classifier at ``/classifiers/{id}``."""
+    budgets = await _budgets(service)
     if path == "/":
         ids = sorted(await service.store.registry.classifiers())
-        docs = [await views.classifier_view(service.store.chunks, service.process, cid,
-                                            service.settings.for_classifier(cid), history=False)
-                for cid in ids[:page.OVERVIEW_LIMIT]]
-        return _response(200, page.overview_page([d for d in docs if d is not None], len(ids)).encode(), HTML)
+        docs = [await _classifier_doc(service, cid, budgets, history=False) for cid in ids[:page.OVERVIEW_LIMIT]]
+        groups = review_groups.group_docs(budgets, service.settings, ids)
+        return _response(200, page.overview_page([d for d in docs if d is not None], len(ids), groups).encode(), HTML)
     cid = unquote(path[len("/classifiers/"):])
     doc = None
     if is_classifier_id(cid):
-        doc = await views.classifier_view(service.store.chunks, service.process, cid,
-                                          service.settings.for_classifier(cid))
+        doc = await _classifier_doc(service, cid, budgets)
     if doc is None:
         return _error(404, f"unknown classifier {cid!r}")
     return _response(200, page.classifier_page(doc).encode(), HTML)

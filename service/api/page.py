@@ -19,6 +19,8 @@ from ..stats.estimator import z_value
 
 #: the classifiers the overview lists at most (sorted by id); the JSON API has them all
 OVERVIEW_LIMIT = 200
+#: the classifiers a review group's row names at most; /v1/review-groups/{group} has them all
+GROUP_MEMBERS_LIMIT = 20
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}
@@ -31,9 +33,10 @@ svg text{font-size:11px;fill:#555}
 """
 
 
-def overview_page(docs: list[dict], total: int) -> str:
+def overview_page(docs: list[dict], total: int, groups: list[dict] = ()) -> str:
     """Every classifier (the first `OVERVIEW_LIMIT` of `total`, each its `classifier_view` without
-    history) with its first window, last closed chunk and current chunk."""
+    history) with its first window, last closed chunk and current chunk; and the review groups'
+    shared budgets (`groups`: `review_groups.group_docs`), if any group has one."""
     rows = "".join(_overview_row(d) for d in docs)
     more = (f"<p class=muted>{total - len(docs)} more classifiers: see /v1/classifiers</p>"
             if total > len(docs) else "")
@@ -41,7 +44,7 @@ def overview_page(docs: list[dict], total: int) -> str:
             "<th class=num>labels</th><th class=num>random sample needs</th><th>status</th>"
             "<th class=num>budget left</th></tr>")
     body = (f"<h1>stratameter</h1><p class=muted>{total} classifiers; precision (the top-level figures) with its "
-            f"confidence interval</p><table>{head}{rows}</table>{more}"
+            f"confidence interval</p><table>{head}{rows}</table>{more}{_review_budgets(groups)}"
             "<p class=muted>JSON: /v1/classifiers/{id} &middot; Prometheus: /metrics</p>")
     return _html("stratameter", body)
 
@@ -66,7 +69,8 @@ def classifier_page(doc: dict) -> str:
                      for s in doc["strata"])
     body = (f"<p><a href=\"/\">&larr; all classifiers</a></p><h1>{cid}</h1>"
             f"<p>current chunk {_span(doc['chunk'])}: {_status(doc['status'])}, {doc['labels']} labels of "
-            f"{doc['population']} items, {doc['pending']} pending, budget left {doc['label_budget_remaining']}</p>"
+            f"{doc['population']} items, {doc['pending']} pending, budget left {doc['label_budget_remaining']}"
+            f"{_group_note(doc.get('review_group'))}</p>"
             f"<h2>windows</h2><table><tr><th>window</th><th>interval</th><th class=num>labels</th>"
             f"<th class=num>chunks</th><th>metric</th></tr>{windows}</table>"
             f"<h2>last closed chunk</h2>{last_html}{charts}"
@@ -83,6 +87,32 @@ def random_sample_labels(estimate: float | None, delta: float, confidence: float
         return None
     z = float(z_value(confidence))
     return max(1, math.ceil(z * z * estimate * (1 - estimate) / delta ** 2))
+
+
+def _review_budgets(groups: list[dict]) -> str:
+    """The "Review budgets" table: a row a group with a shared budget; nothing without one."""
+    if not groups:
+        return ""
+    rows = "".join(f"<tr><td>{escape(g['group'])}</td><td class=num>{g['budget_per_hour']}</td>"
+                   f"<td class=num>{g['granted_this_hour']}</td><td class=num>{g['remaining']}</td>"
+                   f"<td>{_members(g['classifiers'])}</td></tr>" for g in groups)
+    return ("<h2>Review budgets</h2><table><tr><th>group</th><th class=num>budget/h</th>"
+            "<th class=num>granted this hour</th><th class=num>remaining</th><th>classifiers</th></tr>"
+            f"{rows}</table>")
+
+
+def _members(cids: list[str]) -> str:
+    """A group's classifiers, linked, the first `GROUP_MEMBERS_LIMIT` of them."""
+    links = ", ".join(f"<a href=\"/classifiers/{quote(c, safe='')}\">{escape(c)}</a>"
+                      for c in cids[:GROUP_MEMBERS_LIMIT])
+    more = len(cids) - GROUP_MEMBERS_LIMIT
+    tail = f" <span class=muted>and {more} more</span>" if more > 0 else ""
+    return (links or "<span class=muted>none yet</span>") + tail
+
+
+def _group_note(group: str | None) -> str:
+    """The classifier page's mention of its review group (a shared budget it draws on too)."""
+    return "" if group is None else f" (review group {escape(group)}: its shared budget holds too)"
 
 
 def _overview_row(d: dict) -> str:

@@ -26,6 +26,7 @@ from ..stats.confusion import needs_negatives
 from ..stats.difference import Calibrated
 from ..stats.estimator import Interval
 from .closed_chunks import CLOSED, label_mark
+from .review_groups import GroupBudget
 from .window_cells import CELLS
 
 log = logging.getLogger(__name__)
@@ -146,13 +147,14 @@ def reported_chunk(chunks: list[dict], starts: list[float], now_s: float) -> dic
 
 
 async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cfg, history: bool = True,
-                          later: list | None = None) -> dict | None:
+                          later: list | None = None, group: GroupBudget | None = None) -> dict | None:
     """The `GET /v1/classifiers/{id}` document (None for an unknown id).  Without `history` (what
     the gauges need) only the chunks a scrape shows are read: the two newest started (the reported
     one among them), the last closed one, and the chunks of the longest window, of which only the
     counts per stratum are used; ``history`` is empty: a scrape's cost does not grow with
     HISTORY_CHUNKS.  With `later` (a list), the document's windows are left to pool with other
-    classifiers' (`WindowJob`s appended to it, `finish_windows`)."""
+    classifiers' (`WindowJob`s appended to it, `finish_windows`).  `group`: the budget of the review
+    group it is in (`review_groups.member_budget`), None outside one."""
     now_s = time.time()
     sides = [cid] + ([negatives_of(cid)] if needs_negatives(cfg.metrics.split(",")) else [])
     summary, *other = await store.overviews(sides, int(now_s * 1000))
@@ -186,7 +188,8 @@ async def classifier_view(store: ChunkStore, process: ProcessState, cid: str, cf
     reported = reported_chunk(chunks, [t * cfg.chunk_seconds for t in shown], now_s)
     reported_id = next((t for t, c in zip(shown, chunks) if c is reported), None)
     inputs = {t: (t, lead[t], negatives[t], whole[t], complete[t]) for t in ids}
-    doc = {"classifier_id": cid, **_counters_doc(summary, other, cfg, now_s), **_reported_fields(reported, cfg, other)}
+    doc = {"classifier_id": cid, **_counters_doc(summary, other, cfg, now_s, group),
+           **_reported_fields(reported, cfg, other)}
     doc["windows"] = {}
     jobs = [WindowJob(doc["windows"], name, _window((store.keys.prefix, cid, k), window_chunks(reported_id, ids, k),
                                                     inputs, shut, cfg), reported_id, k, cfg)
@@ -281,9 +284,10 @@ async def _read(store: ChunkStore, sid: str, ids: list[int], viewed: list[int], 
     return {cs.chunk: cs for cs in [*whole, *await CLOSED.states(store, sid, counted, mark)]}
 
 
-def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float) -> dict:
+def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float, group: GroupBudget | None) -> dict:
     """The classifier's counters over all its chunks (the negatives' requests and answers count as
-    the classifier's) and the label budget left now."""
+    the classifier's) and the label budget left now: its own, and in a review `group` no more than
+    the group's (both budgets hold)."""
     pending = summary["pending"] + sum(o["pending"] for o in other)
     counters = summary["counters"]
     for o in other:
@@ -291,6 +295,7 @@ def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float) -> dict:
     issued = summary["issued"] + sum(o["issued"] for o in other)
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
     allowed = int(lifecycle.budget_allowance(cfg.max_labels_per_hour, int(now_s) % 3600))
+    left = max(0, allowed - issued) if group is None else min(max(0, allowed - issued), group.remaining)
     return {
         "confidence": cfg.confidence,
         "delta": cfg.delta,
@@ -300,7 +305,8 @@ def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float) -> dict:
         "requests_expired": int(counters.get("requests_expired", 0)),
         "last_label_at": _iso(int(counters["last_label_ms"]) / 1000) if "last_label_ms" in counters else None,
         "labels_by_outcome": {o: int(counters.get(f"labels_{o}", 0)) for o in LABEL_OUTCOMES},
-        "label_budget_remaining": max(0, allowed - issued),
+        "review_group": None if group is None else group.group,
+        "label_budget_remaining": left,
     }
 
 

@@ -51,3 +51,21 @@ def test_a_classifier_without_intervals_renders():
     assert "no interval yet" in classifier_page(_doc(metrics={"precision": {"estimate": None, "ci_lower": None,
                                                                              "ci_upper": None, "stderr": None}},
                                                      history=[]))
+
+
+def test_the_review_budgets_table_shows_only_when_a_group_has_a_budget():
+    assert "Review budgets" not in overview_page([_doc()], total=1)
+    team = {"group": "team<x>", "budget_per_hour": 3600, "allowed_now": 1980, "granted_this_hour": 500,
+            "remaining": 1480, "classifiers": ["a", "fraud<1>"]}
+    html = overview_page([_doc()], total=1, groups=[team])
+    assert "<h2>Review budgets</h2>" in html and "team&lt;x&gt;" in html and "<x>" not in html
+    assert ">3600<" in html and ">500<" in html and ">1480<" in html
+    assert 'href="/classifiers/fraud%3C1%3E">fraud&lt;1&gt;</a>' in html
+    many = overview_page([_doc()], total=1, groups=[{**team, "classifiers": [f"c{i}" for i in range(25)]}])
+    assert "c19" in many and "c20<" not in many and "and 5 more" in many
+    assert "none yet" in overview_page([_doc()], total=1, groups=[{**team, "classifiers": []}])
+
+
+def test_the_classifier_page_names_its_review_group():
+    assert "review group" not in classifier_page(_doc())
+    assert "review group team" in classifier_page(_doc(review_group="team"))
