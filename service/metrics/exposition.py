@@ -7,6 +7,7 @@ values, `_total` for counters, base units (seconds)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -14,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from stratameter.schemas.messages import LABEL_OUTCOMES
 from stratameter.schemas.times import rfc3339_to_ms
 
+from ..api.review_groups import GroupBudget, group_budgets, member_budget
 from ..api.views import classifier_view, finish_windows
 from ..chunks.lifecycle import STATUSES
 from .redis_errors import redis_errors_family
@@ -59,6 +61,16 @@ _COUNTERS = (
     ("requests_expired", "stratameter_label_requests_expired",
      "Label requests that reached their deadline unanswered (then replaced)"),
 )
+#: per review group gauges (label `group`, the groups with a shared budget): (`GroupBudget` field, name, help)
+_REVIEW_GAUGES = (
+    ("budget_per_hour", "stratameter_review_budget_labels_per_hour",
+     "Labels an hour the review group's shared budget allows (configured)"),
+    ("granted_this_hour", "stratameter_review_budget_granted",
+     "Labels granted to the review group's classifiers in the current clock hour"),
+    ("remaining", "stratameter_review_budget_remaining",
+     "Labels the review group's paced budget allows now beyond those granted this hour "
+     "(0: its classifiers wait for the budget)"),
+)
 #: per-stratum gauges: (name, help)
 _STRATUM_GAUGES = (
     ("stratameter_stratum_items", "Items in the stratum (reported chunk; predicted negatives from stratum K)"),
@@ -71,10 +83,11 @@ _STRATUM_GAUGES = (
 class SnapshotCollector:
     def __init__(self, views: list[dict], invalid: dict[tuple[str, str], int], unknown_global: int,
                  lag: dict[tuple[str, int], int], dropped: int, failures: dict[tuple[str, str], int],
-                 redis_errors: dict[tuple[str, str], int], state_losses: int = 0, rollbacks: int = 0) -> None:
+                 redis_errors: dict[tuple[str, str], int], state_losses: int = 0, rollbacks: int = 0,
+                 review_budgets: list[GroupBudget] | tuple = ()) -> None:
         self.views, self.invalid, self.unknown_global, self.lag, self.dropped = views, invalid, unknown_global, lag, dropped
         self.failures, self.redis_errors, self.state_losses = failures, redis_errors, state_losses
-        self.rollbacks = rollbacks
+        self.rollbacks, self.review_budgets = rollbacks, review_budgets
 
     def collect(self):
         gauges = {name: GaugeMetricFamily(name, doc, labels=["classifier"]) for name, doc in _GAUGES}
@@ -117,6 +130,7 @@ class SnapshotCollector:
         yield failures
         yield redis_errors_family("stratameter_redis_errors", "process", REDIS_OPERATIONS, self.redis_errors)
         yield from self._service_wide()
+        yield from _review_budget_families(self.review_budgets)
 
     def _service_wide(self):
         """Rejected records by topic and reason, consumer lag, dead letters dropped, state losses and rollbacks seen."""
@@ -139,6 +153,18 @@ class SnapshotCollector:
                                           "Redis having lost acknowledged writes (restarted from an older snapshot)")
         rolled_back.add_metric([], self.rollbacks)
         return invalid, lag, dropped, lost, rolled_back
+
+
+def _review_budget_families(budgets: list[GroupBudget] | tuple) -> list[GaugeMetricFamily]:
+    """The review groups' gauges, a series a group with a shared budget (`GroupBudget`s); each
+    family is exported even without a group."""
+    families = []
+    for field, name, doc in _REVIEW_GAUGES:
+        family = GaugeMetricFamily(name, doc, labels=["group"])
+        for b in budgets:
+            family.add_metric([b.group], getattr(b, field))
+        families.append(family)
+    return families
 
 
 def _add_classifier(v: dict, gauges: dict, counters: dict) -> None:
@@ -224,12 +250,13 @@ class _Current:
 
 
 async def _snapshot(service) -> SnapshotCollector:
-    """Read the classifiers this instance owns, and the service-wide series if it is
-    their designated exporter (see runner.GLOBAL_SERIES_OWNER).  The classifiers are read
-    `READ_CONCURRENCY` at a time: each read is a few round trips, which overlap (on a
-    Redis Cluster, on several nodes at once)."""
+    """Read the classifiers this instance owns, and the service-wide series (the review groups'
+    budgets among them) if it is their designated exporter (see runner.GLOBAL_SERIES_OWNER).  The
+    classifiers are read `READ_CONCURRENCY` at a time: each read is a few round trips, which overlap
+    (on a Redis Cluster, on several nodes at once)."""
     gate = asyncio.Semaphore(READ_CONCURRENCY)
     windows: list = []  # every classifier's windows, pooled together once all are read
+    budgets = await group_budgets(service.store.groups, service.settings, int(time.time() * 1000))
 
     async def view(cid: str) -> dict | None:
         """The classifier's figures; None (its series left out, the others' exported) where it
@@ -237,7 +264,8 @@ async def _snapshot(service) -> SnapshotCollector:
         cfg = service.settings.for_classifier(cid)
         async with gate:
             return await service.failures.confined(cid, "metrics", classifier_view(
-                service.store.chunks, service.process, cid, cfg, history=False, later=windows))
+                service.store.chunks, service.process, cid, cfg, history=False, later=windows,
+                group=member_budget(budgets, service.settings, cid)))
 
     owned = sorted(service.owned)
     views = [v for v in await asyncio.gather(*(view(c) for c in owned)) if v is not None]
@@ -249,7 +277,8 @@ async def _snapshot(service) -> SnapshotCollector:
         invalid, unknown = {}, 0
     return SnapshotCollector(views, invalid, unknown, dict(service.lag), service.dead_letters_dropped,
                              service.failures.of(owned), dict(service.health.redis_errors),
-                             service.state_watch.losses, service.state_watch.rollbacks)
+                             service.state_watch.losses, service.state_watch.rollbacks,
+                             list(budgets.values()) if service.exports_global else [])
 
 
 async def render(service) -> bytes:
