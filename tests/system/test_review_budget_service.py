@@ -1,0 +1,122 @@
+"""Issue 52 end to end: six classifiers share one review budget (``REVIEW_BUDGET_PER_HOUR``) served
+by two `stratameter run` replicas, one killed with SIGKILL mid-hour.  The group's requests, counted
+from the request topic, never exceed the budget paced so far; nothing is lost or counted twice;
+every classifier gets labels; a classifier the budget cannot bring to its delta says
+``waiting_for_budget``."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from datetime import datetime
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from stratameter.chunks.lifecycle import budget_allowance
+from stratameter.embedded import find_free_port
+from tests.harness import RedisBackend, ServiceProcess, http_json, new_workload, read_topic, wait_for
+
+pytestmark = pytest.mark.integration
+
+CLASSIFIERS = tuple(f"team-{i}" for i in range(6))
+PER_CLASSIFIER = 4000
+#: The budget's paced allowance when the test starts: far below the ~4,000 labels the six need
+#: together to reach delta 0.02, so the shared budget binds.
+ALLOWANCE_AT_START = 240
+
+
+def hourly_budget(now_s: float) -> int:
+    """The hourly budget whose paced allowance is `ALLOWANCE_AT_START` now (`budget_allowance`)."""
+    share = 0.1 + 0.9 * (int(now_s) % 3600) / 3600
+    return math.ceil(ALLOWANCE_AT_START / share)
+
+
+async def test_two_replicas_share_one_budget_through_a_failover(kafka_bootstrap, redis_url, unique_name, tmp_path):
+    work = await new_workload(kafka_bootstrap, RedisBackend(redis_url, False), unique_name, 6)
+    budget = hourly_budget(time.time())
+    settings = {"DELTA": "0.02", "CONFIDENCE": "0.95", "MAX_LABELS_PER_HOUR": "100000",
+                "REVIEW_BUDGET_PER_HOUR": str(budget)}
+    ports = [find_free_port() for _ in range(2)]
+    procs = [ServiceProcess(work.env(p, f"inst-{i}", **settings), p, str(tmp_path / f"i{i}.log"))
+             for i, p in enumerate(ports)]
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
+    await producer.start()
+    producing = asyncio.create_task(work.produce(producer, CLASSIFIERS, PER_CLASSIFIER, seconds=10))
+    reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
+    survivor = ports[1]
+    try:
+        for p in procs:
+            p.start()
+        await wait_for(lambda: _requested_at_least(survivor, 60), 90, "requests under the shared budget")
+        procs[0].kill9()  # mid-hour, with requests out
+        await producing
+        docs = await wait_for(lambda: _settled(survivor, work), 150, "the budget spent and every answer folded")
+    finally:
+        producing.cancel()
+        reviewer.cancel()
+        await asyncio.gather(producing, reviewer, return_exceptions=True)
+        if procs[1].alive:
+            assert procs[1].terminate() == 0  # its outbox published: every request recorded is on the topic
+        if procs[0].alive:
+            procs[0].kill9()
+    requests = await read_topic(kafka_bootstrap, work.topics["requests"], unique_name("count"), timeout=15)
+    await producer.stop()
+    work.assert_exact(docs, PER_CLASSIFIER)
+    issued, granted = await _recorded(work, {int(r["requested_at_s"]) // 3600 for r in _timed(requests)})
+    by_id = {r["request_id"]: r for r in _timed(requests)}  # the outbox may publish a request twice after a kill
+    assert len(by_id) == sum(issued.values()), (len(by_id), issued)  # exactly what the states recorded
+    hours = Counter(int(r["requested_at_s"]) // 3600 for r in by_id.values())
+    newest = max(r["requested_at_s"] for r in by_id.values())
+    for hour, count in hours.items():
+        paced = budget if hour < newest // 3600 else int(budget_allowance(budget, int(newest) % 3600))
+        assert count <= granted[hour] <= paced, (hour, count, granted[hour], paced)
+    per_classifier = Counter(r["classifier_id"] for r in by_id.values())
+    assert set(per_classifier) == set(CLASSIFIERS), per_classifier  # no classifier starved
+    assert all(d["status"] == "waiting_for_budget" for d in docs.values()), {c: d["status"] for c, d in docs.items()}
+
+
+def _timed(requests: list[dict]) -> list[dict]:
+    return [{**r, "requested_at_s": datetime.fromisoformat(r["requested_at"]).timestamp()} for r in requests]
+
+
+async def _recorded(work, hours: set[int]) -> tuple[dict[str, int], dict[int, int]]:
+    """Straight from Redis once every replica has stopped: each classifier's requests recorded
+    (ISSUE), and the group's grants per clock hour (GRANT)."""
+    from stratameter.state.keys import Keys
+
+    keys, redis = Keys(work.prefix), RedisBackend(work.redis_url, False).client()
+    try:
+        issued = {cid: int(await redis.hget(keys.counters(cid), "requests_total") or 0) for cid in CLASSIFIERS}
+        granted = {h: int(await redis.get(keys.group_granted("default", h)) or 0) for h in hours}
+    finally:
+        await redis.aclose()
+    return issued, granted
+
+
+async def _requested_at_least(port: int, n: int) -> bool:
+    total = 0
+    for cid in CLASSIFIERS:
+        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
+        total += doc["label_requests"] if status == 200 else 0
+    return total >= n
+
+
+async def _settled(port: int, work) -> dict | None:
+    """Every classifier's document once the group's budget is spent (nothing left now), nothing
+    pending, and every answer given folded; None before."""
+    docs = {}
+    for cid in CLASSIFIERS:
+        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
+        if status != 200 or doc["pending"] or doc["scores"] < PER_CLASSIFIER:
+            return None
+        docs[cid] = doc
+    status, group = await http_json(port, "/v1/review-groups/default")
+    if status != 200 or group["remaining"] > 3:  # the paced allowance grows by a label every few seconds
+        return None
+    answered = sum(label is not None for label in work.answered.values())
+    if sum(d["labels_by_outcome"]["accepted"] for d in docs.values()) != answered:
+        return None
+    return docs
