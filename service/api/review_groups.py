@@ -34,16 +34,11 @@ class GroupBudget:
         return max(0, self.allowed_now - self.granted_this_hour)
 
 
-def allowed_now(budget_per_hour: int, now_ms: int) -> int:
-    """The paced allowance of `budget_per_hour` at `now_ms`, in whole seconds into the clock hour."""
-    return int(lifecycle.budget_allowance(budget_per_hour, (now_ms // 1000) % 3600))
-
-
 async def group_budgets(groups: GroupStore, settings, now_ms: int) -> dict[str, GroupBudget]:
     """Every group with a shared budget at `now_ms`, by name (sorted); one read a group."""
     budgets = {name: int(b) for name, b in sorted(settings.review_budgets.items())}
     granted = await asyncio.gather(*(groups.granted_this_hour(name, now_ms) for name in budgets))
-    return {name: GroupBudget(name, b, allowed_now(b, now_ms), g) for (name, b), g in zip(budgets.items(), granted)}
+    return {name: GroupBudget(name, b, lifecycle.allowance_at(b, now_ms), g) for (name, b), g in zip(budgets.items(), granted)}
 
 
 def member_budget(budgets: dict[str, GroupBudget], settings, cid: str) -> GroupBudget | None:

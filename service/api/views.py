@@ -294,7 +294,7 @@ def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float, group: Gr
         counters = _summed(counters, o["counters"])
     issued = summary["issued"] + sum(o["issued"] for o in other)
     # whole seconds into the hour, as the request loop reads them: the two never disagree by a label
-    allowed = int(lifecycle.budget_allowance(cfg.max_labels_per_hour, int(now_s) % 3600))
+    allowed = lifecycle.allowance_at(cfg.max_labels_per_hour, int(now_s * 1000))
     left = max(0, allowed - issued) if group is None else min(max(0, allowed - issued), group.remaining)
     return {
         "confidence": cfg.confidence,

@@ -76,6 +76,12 @@ def budget_allowance(max_per_hour: int, seconds_into_hour) -> np.ndarray:
     return np.minimum(max_per_hour, np.ceil(max_per_hour * share - 1e-9)).astype(np.int64)
 
 
+def allowance_at(max_per_hour: int, now_ms: int) -> int:
+    """`budget_allowance` at wall-clock `now_ms`, in whole seconds into the clock hour: the one rule
+    of the request loop, the review groups' GRANT and the API, so none disagrees with another by a label."""
+    return int(budget_allowance(max_per_hour, (now_ms // 1000) % 3600))
+
+
 def chunk_status(streak, halfwidth, delta: float, stop_rounds: int, closed, nothing_left, budget_blocked,
                  complete=True) -> np.ndarray:
     """``converged`` once the reported half-width is <= delta and has been for

@@ -12,7 +12,7 @@ from ..chunks.plan import ChunkPlan, ChunkSnapshot
 from ..state.group_store import GroupStore
 
 
-class GroupBudget:
+class GroupGrants:
     """What the loops of one process ask of their classifiers' review groups."""
 
     def __init__(self, groups: GroupStore, settings) -> None:
@@ -31,7 +31,7 @@ class GroupBudget:
         cap = min(due, own_left)
         if cap <= 0:
             return 0
-        allowance = int(lifecycle.budget_allowance(self.settings.review_budgets[group], (now_ms // 1000) % 3600))
+        allowance = lifecycle.allowance_at(self.settings.review_budgets[group], now_ms)
         left = allowance - await self.groups.granted_this_hour(group, now_ms)
         ask = labels_to_ask(own, await self._fresh(group, now_ms), cap, left)
         return await self.groups.grant(group, now_ms, allowance, ask)

@@ -42,7 +42,7 @@ from ..state.keys import first_negative_stratum, negatives_of, owner_of
 from ..state.process import ProcessState
 from ..state.records import ChunkState
 from ..state.store import Store
-from .group_budget import GroupBudget
+from .group_budget import GroupGrants
 from .memory import ClassifierMemory, Prior, Purge
 from .messages import new_request_id, request_message
 
@@ -53,7 +53,7 @@ class RequestLoop:
         """`publish(list[(key, value)])` sends records to the label-requests topic and waits for acks."""
         self.chunks, self.requests, self.registry, self.process = store.chunks, store.requests, store.registry, process
         self.settings, self.publish, self.instance = settings, publish, settings.instance_id
-        self.group_budget = GroupBudget(store.groups, settings)  # a review group's shared budget, if any
+        self.group_grants = GroupGrants(store.groups, settings)  # a review group's shared budget, if any
         self._memory: dict[str, ClassifierMemory] = {}  # per classifier it steps (`requests.memory`)
 
     def _remember(self, cid: str) -> ClassifierMemory:
@@ -186,9 +186,9 @@ class RequestLoop:
 
     async def _budget_left(self, state_ids: list[str], cfg, now: int, issued: int) -> int:
         """Requests the paced hourly budget of the states `state_ids` still allows after `issued`
-        this step (the clock hour's requests, `lifecycle.budget_allowance`)."""
+        this step (the clock hour's requests, `lifecycle.allowance_at`)."""
         used = sum([await self.requests.issued_this_hour(sid, now) for sid in state_ids])
-        return int(lifecycle.budget_allowance(cfg.max_labels_per_hour, (now // 1000) % 3600)) - used - issued
+        return lifecycle.allowance_at(cfg.max_labels_per_hour, now) - used - issued
 
     def _chunks_to_step(self, cid: str, ids: set[int], cfg, now: int) -> list[int]:
         """The chunks this step samples, in the order they draw on the hourly budget: the newest
@@ -278,11 +278,11 @@ class RequestLoop:
     async def _carry_out(self, cid: str, snapshot: ChunkSnapshot, plan: ChunkPlan, cfg, now: int,
                          issued_before: int) -> tuple[int, str]:
         """Request the items due under the plan's thresholds, the most urgent first, as far as the
-        hourly budget (and the review group's, `group_budget`) allows; record the chunk's status.  Returns the requests issued and the status."""
+        hourly budget (and the review group's, `group_grants`) allows; record the chunk's status.  Returns the requests issued and the status."""
         sides, lead = snapshot.sides, snapshot.lead
         due, taus, left = await self._due_by_side(sides, plan.tau, plan.want)
         budget = max(0, await self._budget_left([sd.state_id for sd in sides], cfg, now, issued_before))
-        budget = await self.group_budget.labels_for(cid, snapshot, plan, cfg, now, len(due), budget)
+        budget = await self.group_grants.labels_for(cid, snapshot, plan, cfg, now, len(due), budget)
         status = plan.status(snapshot, cfg, len(due), left, budget)
         chosen = due[:budget]
         issued = 0

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stratameter.api import http
-from stratameter.api.review_groups import allowed_now
+from stratameter.chunks.lifecycle import allowance_at
 from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.metrics import exposition
@@ -68,7 +68,7 @@ async def test_granted_labels_show_in_the_group_its_classifiers_and_the_gauges(s
     for offset, cid in enumerate(("a", "c")):  # `b` is in the group but not known: never scored
         await ingest.apply(0, np.arange(offset * n, (offset + 1) * n), [cid] * n, [f"{cid}{i}" for i in range(n)],
                            np.linspace(0.5, 1, n), np.ones(n, bool), np.full(n, now_ms - 60_000), [None] * n)
-    allowance = allowed_now(1000, now_ms)
+    allowance = allowance_at(1000, now_ms)
     assert allowance == 550  # 100 at the top of the hour + 900 x 1,800 / 3,600
     assert await store.groups.grant("team", now_ms, allowance, 300) == 300
     service = _service(store, settings)

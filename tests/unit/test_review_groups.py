@@ -10,9 +10,8 @@ import time
 import orjson
 
 from stratameter.api import http, views
-from stratameter.api.review_groups import (GroupBudget, allowed_now, group_budgets, group_doc, group_docs,
+from stratameter.api.review_groups import (GroupBudget, group_budgets, group_doc, group_docs,
                                            member_budget)
-from stratameter.chunks.lifecycle import budget_allowance
 
 HOUR_MS = 3_600_000
 #: 1,800.999 s into a clock hour: the allowance reads 1,800 whole seconds
@@ -41,13 +40,6 @@ class StandInGroups:
 
 
 SETTINGS = StandInSettings({"team": 3600, "night": 100}, {"a": "team", "b": "team", "n": "night"})
-
-
-def test_the_allowance_is_the_loops_whole_second_rule():
-    # 0.1 of 3,600 at the top of the hour, then 0.9 of it accruing: 360 + 3,240 x 1,800 / 3,600
-    assert allowed_now(3600, NOW_MS) == 1980  # not 1,981, which 1,800.999 s would give
-    assert allowed_now(3600, NOW_MS) == int(budget_allowance(3600, (NOW_MS // 1000) % 3600))
-    assert allowed_now(3600, 500_000 * HOUR_MS) == 360 and allowed_now(3600, 500_001 * HOUR_MS - 1) == 3600
 
 
 async def test_each_group_with_a_budget_is_read_at_the_same_instant():

@@ -270,3 +270,14 @@ def test_a_chunk_short_of_positives_waits_for_half_of_those_it_holds():
     big = N * 100  # a chunk 100 x as large: 100 labelled positives, as before
     assert not streams.enough_positives(big, np.array([40.0, 40, 0, 0]), p([40, 40, 0, 0]))[0]
     assert streams.enough_positives(big, np.array([45.0, 45, 5, 5]), p([45, 45, 5, 5]))[0]
+
+
+ALLOWANCE_NOW_MS = 500_000 * 3_600_000 + 1_800_999  # 1,800.999 s into a clock hour
+
+
+def test_the_allowance_at_an_instant_is_in_whole_seconds_into_the_hour():
+    """0.1 of 3,600 at the top of the hour, then 0.9 of it accruing: 360 + 3,240 x 1,800 / 3,600 =
+    1,980, not the 1,981 that 1,800.999 s would give; all of it in the hour's last millisecond."""
+    hour = 500_000 * 3_600_000
+    assert lifecycle.allowance_at(3600, ALLOWANCE_NOW_MS) == 1980
+    assert lifecycle.allowance_at(3600, hour) == 360 and lifecycle.allowance_at(3600, hour + 3_600_000 - 1) == 3600
