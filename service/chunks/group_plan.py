@@ -9,11 +9,14 @@ weight.  When the chunk has items due, the loop asks the group for labels (GRANT
 group's slot):
 
 * a **fixed round** (no interval yet: the warm-up; or within delta: the stopping rule's confirming
-  rounds) asks for all it has due, at the budget's expense, first come first served;
+  rounds) asks for one round (two labels a stratum, `allocation.round_size`) at a time, less the
+  requests it still has out, at the budget's expense, first come first served;
 * any other chunk asks for its **share**: the minimax allocation of what is left of the group's
   paced budget this hour over the group's fresh forecasts (`stats.fleet.share_budget`: the next
   labels go where they lower the largest weighted ratio ``w hw / delta``, Kokan & Khan 1967 in
-  minimax form), its own forecast as it is now.
+  minimax form), its own forecast as it is now.  A member with no interval yet is counted as hard
+  as the hardest known (`as_hard_as_known`): else the first chunk with an interval would take
+  what the others will claim once theirs is defined.
 
 Every loop computes the allocation from the same forecasts, so no leader is needed; the GRANT
 script alone keeps the total within the budget (docs/concepts/shared-budget.md).
@@ -26,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import orjson
 
-from ..stats import fleet
+from ..stats import allocation, fleet
 from .plan import ChunkPlan, ChunkSnapshot
 
 #: A forecast not rewritten for this long is left out of the allocation (and deleted): its chunk is
@@ -73,9 +76,11 @@ def member_forecast(cid: str, snapshot: ChunkSnapshot, plan: ChunkPlan, cfg, now
     requests out count as labels and the half-width is forecast past them (`fleet.halfwidth_after`)."""
     labels = int(snapshot.n.sum())
     items = max(float(snapshot.final_size), float(snapshot.N.sum()), 1.0)
-    now = fleet.Forecast(np.float64(plan.halfwidth), np.float64(max(labels, 1)), np.float64(items),
-                         np.float64(cfg.delta), np.float64(0.0))
-    halfwidth = float(fleet.halfwidth_after(now, snapshot.pending)) if labels else float(plan.halfwidth)
+    halfwidth = float(plan.halfwidth) if np.isfinite(plan.halfwidth) else float("inf")  # NaN: no interval yet
+    if labels and np.isfinite(halfwidth):
+        now = fleet.Forecast(np.float64(halfwidth), np.float64(labels), np.float64(items), np.float64(cfg.delta),
+                             np.float64(0.0))
+        halfwidth = float(fleet.halfwidth_after(now, snapshot.pending))
     room = max(0.0, float(snapshot.capacity.sum()) - labels - snapshot.pending)
     return MemberForecast(member_name(cid, snapshot.chunk), halfwidth, labels + snapshot.pending, items,
                           float(cfg.delta), room, float(cfg.review_weight), now_ms)
@@ -94,16 +99,32 @@ def share_of(own: MemberForecast, forecasts: list[MemberForecast], left: int) ->
         return 0
     members = [f for f in forecasts if f.member != own.member] + [own]
     column = lambda name: np.array([getattr(f, name) for f in members], dtype=float)  # noqa: E731
-    group = fleet.Forecast(column("halfwidth"), np.maximum(column("labels"), 1.0), column("items"), column("delta"),
-                           column("room"), column("weight"))
+    delta = column("delta")
+    group = fleet.Forecast(as_hard_as_known(column("halfwidth"), delta), np.maximum(column("labels"), 1.0),
+                           column("items"), delta, column("room"), column("weight"))
     return int(fleet.share_budget(group, float(left))[-1])
 
 
-def labels_to_ask(own: MemberForecast, forecasts: list[MemberForecast], due: int, left: int) -> int:
+def as_hard_as_known(halfwidth: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """The half-widths the allocation reads: a member without an interval gets the largest
+    unweighted ratio ``hw / delta`` of the members with one, at its own delta."""
+    known = np.isfinite(halfwidth)
+    if not known.any():
+        return halfwidth
+    return np.where(known, halfwidth, np.max(halfwidth[known] / delta[known]) * delta)
+
+
+def fixed_round_room(strata: int, round_labels_per_stratum: int, pending: int) -> int:
+    """What a fixed round may ask now: one round (`allocation.round_size`) less the requests still out."""
+    return max(0, allocation.round_size(strata, round_labels_per_stratum) - pending)
+
+
+def labels_to_ask(own: MemberForecast, forecasts: list[MemberForecast], due: int, left: int, round_room: int) -> int:
     """What chunk `own` asks of its group with `due` items due and `left` labels left in the group's
-    paced budget this hour: all it has due in a fixed round, else at most its share (module docstring)."""
+    paced budget this hour: in a fixed round at most `round_room` (`fixed_round_room`), else at most
+    its share (module docstring)."""
     if due <= 0 or left <= 0:
         return 0
     if own.fixed_round:
-        return min(due, left)
+        return min(due, left, round_room)
     return min(due, share_of(own, forecasts, left))

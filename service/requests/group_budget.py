@@ -7,7 +7,7 @@ issues at most what was granted.  A classifier in no such group keeps its own bu
 from __future__ import annotations
 
 from ..chunks import lifecycle
-from ..chunks.group_plan import MemberForecast, fresh, labels_to_ask, member_forecast
+from ..chunks.group_plan import MemberForecast, fixed_round_room, fresh, labels_to_ask, member_forecast
 from ..chunks.plan import ChunkPlan, ChunkSnapshot
 from ..state.group_store import GroupStore
 
@@ -33,7 +33,8 @@ class GroupGrants:
             return 0
         allowance = lifecycle.allowance_at(self.settings.review_budgets[group], now_ms)
         left = allowance - await self.groups.granted_this_hour(group, now_ms)
-        ask = labels_to_ask(own, await self._fresh(group, now_ms), cap, left)
+        room = fixed_round_room(int(snapshot.N.size), cfg.round_labels_per_stratum, snapshot.pending)
+        ask = labels_to_ask(own, await self._fresh(group, now_ms), cap, left, room)
         return await self.groups.grant(group, now_ms, allowance, ask)
 
     async def _fresh(self, group: str, now_ms: int) -> list[MemberForecast]:

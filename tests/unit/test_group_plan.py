@@ -60,14 +60,31 @@ def test_a_share_is_the_minimax_allocation_of_what_is_left():
 
 
 def test_what_a_chunk_asks_is_capped_by_its_items_due():
-    """In a fixed round all it has due (within what is left); else at most its share."""
+    """Out of a fixed round at most its share; in one at most the round's room (`fixed_round_room`:
+    two labels a stratum of 4 strata, 8, less the 3 requests still out: 5)."""
     a, b = member("a/1", 0.2), member("b/1", 0.1)
-    assert labels_to_ask(b, [a, b], due=500, left=700) == 80
-    assert labels_to_ask(b, [a, b], due=30, left=700) == 30
+    assert labels_to_ask(b, [a, b], due=500, left=700, round_room=8) == 80
+    assert labels_to_ask(b, [a, b], due=30, left=700, round_room=8) == 30
     confirming = member("c/1", 0.04)
-    assert labels_to_ask(confirming, [a, b, confirming], due=16, left=700) == 16
-    assert labels_to_ask(confirming, [a, b, confirming], due=16, left=10) == 10
-    assert labels_to_ask(a, [a, b], due=0, left=700) == 0
+    room = group_plan.fixed_round_room(4, 2, pending=3)
+    assert room == 5 and group_plan.fixed_round_room(4, 2, pending=9) == 0
+    assert labels_to_ask(confirming, [a, b, confirming], due=16, left=700, round_room=room) == 5
+    assert labels_to_ask(confirming, [a, b, confirming], due=16, left=3, round_room=room) == 3
+    assert labels_to_ask(member("d/1", math.inf), [a, b], due=60, left=700, round_room=8) == 8  # the warm-up
+    assert labels_to_ask(a, [a, b], due=0, left=700, round_room=8) == 0
+
+
+def test_a_member_without_an_interval_counts_as_hard_as_the_hardest_known():
+    """Known ratios hw / delta 0.2 / 0.05 = 4 and 0.1 / 0.05 = 2: a member without an interval at
+    delta 0.02 reads 4 x 0.02 = 0.08.  So the first chunk with an interval does not take the
+    budget the others will claim: A (ratio 4) and C (unknown, so 4, 100 labels each) share 700
+    left as two equal claims, 350 each, where A alone would get all it needs."""
+    hw = group_plan.as_hard_as_known(np.array([0.2, 0.1, math.inf]), np.array([0.05, 0.05, 0.02]))
+    assert hw.tolist() == pytest.approx([0.2, 0.1, 0.08])
+    assert np.isinf(group_plan.as_hard_as_known(np.array([math.inf]), np.array([0.05]))).all()
+    a, c = member("a/1", 0.2), member("c/1", math.inf)
+    assert share_of(a, [a, c], 700) == 350
+    assert share_of(a, [a], 700) == 700
 
 
 def test_only_fresh_forecasts_count():
