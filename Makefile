@@ -53,7 +53,7 @@ $(LS_STAMP): service/demo/label_studio.py
 TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
 
 test: venv label-studio
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 test-unit: venv
 	$(VENV)/bin/python -m pytest -q -n auto -m "unit and not slow and not integration and not system" tests/unit
