@@ -9,11 +9,15 @@ answers come back within the step) the labels the paced budget allows so far
 
 * ``shared``: one budget for the fleet, the next labels where they lower the largest weighted
   ratio of half-width to delta (`stats.fleet.share_budget`);
+* ``asks``: the same budget as the service spends it (`chunks.group_plan`): no allocation for the
+  whole fleet, but each classifier in turn, in an order drawn every step, asks for its own share of
+  what is left, over the forecasts as they stand (those that asked before it counting their grant
+  as requests out), and takes at most its round;
 * ``equal``: the same budget split equally, each classifier its own hourly budget (today's
   ``MAX_LABELS_PER_HOUR`` set by hand to budget / classifiers);
 * ``volume``: split in proportion to the classifiers' items.
 
-In all three a classifier first takes its warm-up round (two labels a stratum), then rounds sized
+In all four a classifier first takes its warm-up round (two labels a stratum), then rounds sized
 on the same forecast (`stats.fleet.labels_to_halfwidth`: what it needs to reach its delta, or the
 shared level), at most `streams.SHORTFALL_GROWTH` times the labels it has; once within its delta it
 takes rounds of two labels a stratum until `stopping.DEFAULT_ROUNDS` of them agree (Bennett &
@@ -28,13 +32,13 @@ import numpy as np
 
 from ..chunks.lifecycle import budget_allowance
 from ..stats import allocation, estimator, stopping
-from ..stats.fleet import Forecast, labels_to_halfwidth, share_budget
+from ..stats.fleet import Forecast, halfwidth_after, labels_to_halfwidth, share_budget
 from ..stats.streams import SHORTFALL_GROWTH
 from . import engine
 from .fleet_spec import FleetSpec, Member
 from .populations import builtin
 
-STRATEGIES = ("shared", "equal", "volume")
+STRATEGIES = ("shared", "asks", "equal", "volume")
 #: Seconds between two rounds of the fleet (the request loop steps every few seconds; answers that
 #: come back within a minute make one round a minute).
 STEP_SECONDS = 60.0
@@ -154,11 +158,26 @@ def _fixed_rounds(fleet: _Fleet, left: np.ndarray) -> np.ndarray:
     return give
 
 
+def _asks(f: Forecast, left: np.ndarray, cap: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The ``asks`` strategy's labels this step (module docstring): each classifier, in an order
+    drawn now, its share of the `left` per run (`share_budget` over `f` as it stands, the grants
+    before it this step counted as its labels), at most its round `cap`."""
+    more = np.zeros(np.shape(f.halfwidth), np.int64)
+    left = left.copy()
+    for c in rng.permutation(more.shape[1]):
+        now = Forecast(halfwidth_after(f, more), f.labels + more, f.items, f.delta,
+                       np.maximum(np.asarray(f.room) - more, 0.0), f.weight)
+        ask = np.minimum(share_budget(now, left)[:, c], cap[:, c]).astype(np.int64)
+        more[:, c] = ask
+        left -= ask
+    return more
+
+
 def run_hour(spec: FleetSpec, truths: list[engine.StrataTruth], budget: int, strategy: str, runs: int,
              rng: np.random.Generator, confidence: float = 0.95) -> HourResult:
     """`runs` runs of one hour of the fleet under `strategy` (module docstring)."""
     fleet = _Fleet(spec, truths, runs, confidence)
-    own = None if strategy == "shared" else own_budgets(spec.members, budget, strategy)
+    own = None if strategy in ("shared", "asks") else own_budgets(spec.members, budget, strategy)
     for step in range(int(3600 // STEP_SECONDS)):
         seconds = step * STEP_SECONDS
         if own is None:
@@ -168,7 +187,9 @@ def run_hour(spec: FleetSpec, truths: list[engine.StrataTruth], budget: int, str
         left = np.maximum(left, 0).astype(np.int64)
         give = _fixed_rounds(fleet, left)
         f = fleet.forecast(give)
-        if own is None:
+        if strategy == "asks":
+            more = _asks(f, left, fleet.round_cap(), rng)
+        elif own is None:
             more = share_budget(f, left)
         else:
             need = np.where(np.isfinite(f.halfwidth), np.minimum(labels_to_halfwidth(f, f.delta), f.room), 0.0)

@@ -1,5 +1,6 @@
-"""`stratameter simulate --fleet FILE`: the fleet's hours under the shared budget, an equal split and
-a split by volume (`fleet`), as a table or one JSON document."""
+"""`stratameter simulate --fleet FILE`: the fleet's hours under the shared budget (allocated for the
+whole fleet, and asked for classifier by classifier as the service does), an equal split and a split by
+volume (`fleet`), as a table or one JSON document."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def study(spec: FleetSpec, runs: int, seed: int, confidence: float) -> dict:
     worst = {s: doc["strategies"][s]["worst_ratio"] for s in fleet.STRATEGIES}
     doc["shared_vs_equal"] = round(worst["shared"] / worst["equal"], 4)
     doc["shared_vs_volume"] = round(worst["shared"] / worst["volume"], 4)
+    doc["asks_vs_shared"] = round(worst["asks"] / worst["shared"], 4)
     return doc
 
 
@@ -83,4 +85,5 @@ def _print(doc: dict) -> None:
               f"{c['need_alone']:>7.0f}   " + "   ".join(f"{x:>28}" for x in cells))
     worst = "   ".join(f"{s} {doc['strategies'][s]['worst_ratio']:.3f}" for s in fleet.STRATEGIES)
     print(f"worst weighted hw/delta at the end of the hour (mean over runs): {worst}; shared / equal "
-          f"{doc['shared_vs_equal']:.3f}, shared / volume {doc['shared_vs_volume']:.3f}")
+          f"{doc['shared_vs_equal']:.3f}, shared / volume {doc['shared_vs_volume']:.3f}, asks / shared "
+          f"{doc['asks_vs_shared']:.3f}")
