@@ -1,9 +1,10 @@
 """`stratameter simulate --fleet FILE`: several classifiers, one review team's hourly budget.
 
-Each classifier of the fleet (`fleet_spec`) has an hourly chunk of ``items_per_hour`` predicted
-positives cut into the service's strata (its built-in population's ``perc`` strata, scaled to the
-chunk), sampled without replacement by the service's allocation (``opt_track``) and read with its
-interval (Wilson with the finite population correction).  Every step of the hour (`STEP_SECONDS`,
+Each classifier of the fleet (`fleet_spec`) has an hourly chunk of ``items_per_hour`` items cut
+into the service's strata (its built-in population's, scaled to the chunk: its predicted positives
+for precision, both sides of its threshold for recall, F1 or accuracy, `fleet_chunks`), sampled
+without replacement by the service's allocation (``opt_track``) and read with its interval (with the
+finite population correction; the widest of its metrics' is the half-width).  Every step of the hour (`STEP_SECONDS`,
 answers come back within the step) the labels the paced budget allows so far
 (`lifecycle.budget_allowance`) are given out one of three ways:
 
@@ -31,33 +32,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..chunks.lifecycle import budget_allowance
-from ..stats import allocation, estimator, stopping
+from ..stats import allocation, stopping
 from ..stats.fleet import Forecast, halfwidth_after, labels_to_halfwidth, share_budget
 from ..stats.streams import SHORTFALL_GROWTH
-from . import engine
+from .fleet_chunks import ChunkTruth, allocate, read
 from .fleet_spec import FleetSpec, Member
-from .populations import builtin
 
 STRATEGIES = ("shared", "asks", "equal", "volume")
 #: Seconds between two rounds of the fleet (the request loop steps every few seconds; answers that
 #: come back within a minute make one round a minute).
 STEP_SECONDS = 60.0
-
-
-def chunk_truth(member: Member) -> engine.StrataTruth:
-    """`member`'s hourly chunk: its population's strata (`engine.prepare`, the default design) with
-    ``items_per_hour`` items split as the population's, each stratum's positives at its rate."""
-    st = engine.prepare(builtin(member.population), engine.Design())
-    N = allocation.largest_remainder(st.N.astype(float), member.items_per_hour)
-    G = np.round(st.P * N).astype(np.int64)
-    return engine.StrataTruth(st.cuts, N, G, st.q, float(G.sum() / N.sum()))
-
-
-def need_alone(member: Member, truth: engine.StrataTruth, runs: int, seed, confidence: float) -> float:
-    """Mean labels `member` needs to reach its delta alone, with no budget (`engine.run_until_stop`,
-    without replacement, the service's rounds of two labels a stratum)."""
-    protocol = engine.Protocol(delta=member.delta, confidence=confidence, with_replacement=False)
-    return float(np.mean(engine.run_until_stop(truth, engine.Design(), protocol, runs, seed).labels))
 
 
 @dataclass
@@ -91,13 +75,13 @@ def own_budgets(members: tuple[Member, ...], budget: int, strategy: str) -> np.n
 class _Fleet:
     """The state of `runs` runs of the fleet's classifiers through one hour."""
 
-    def __init__(self, spec: FleetSpec, truths: list[engine.StrataTruth], runs: int, confidence: float):
+    def __init__(self, spec: FleetSpec, truths: list[ChunkTruth], runs: int, confidence: float):
         self.members, self.truths, self.runs, self.confidence = spec.members, truths, runs, confidence
         self.n = [np.zeros((runs, t.N.size), np.int64) for t in truths]
         self.h = [np.zeros((runs, t.N.size), np.int64) for t in truths]
         C = len(truths)
         self.streak = np.zeros((runs, C), np.int64)
-        self.iv = [estimator.wilson_interval(t.N, self.n[c], self.h[c], confidence, True) for c, t in enumerate(truths)]
+        self.iv = [read(t, self.n[c], self.h[c], confidence) for c, t in enumerate(truths)]
         self.delta = np.array([m.delta for m in spec.members])
         self.weight = np.array([m.weight for m in spec.members])
         self.items = np.array([float(t.N.sum()) for t in truths])
@@ -107,7 +91,7 @@ class _Fleet:
         return np.stack([n.sum(axis=1) for n in self.n], axis=1)
 
     def halfwidth(self) -> np.ndarray:
-        return np.stack([np.where(np.isfinite(iv.halfwidth), iv.halfwidth, np.inf) for iv in self.iv], axis=1)
+        return np.stack([iv.halfwidth for iv in self.iv], axis=1)
 
     def forecast(self, give: np.ndarray) -> Forecast:
         """The classifiers as the allocation sees them; none that stopped, nor one in a fixed round."""
@@ -127,10 +111,10 @@ class _Fleet:
             if not give[:, c].any():
                 continue
             n, h = self.n[c], self.h[c]
-            alloc = allocation.allocate_opt_track(t.N, n, h, t.q, give[:, c], with_replacement=False)
+            alloc = allocate(t, n, h, give[:, c], self.iv[c])
             hit = rng.hypergeometric(t.G - h, (t.N - t.G) - (n - h), alloc)
             self.n[c], self.h[c] = n + alloc, h + hit
-            iv = estimator.wilson_interval(t.N, self.n[c], self.h[c], self.confidence, True)
+            iv = read(t, self.n[c], self.h[c], self.confidence)
             moved = give[:, c] > 0
             self.streak[:, c] = np.where(moved, stopping.next_streak(self.streak[:, c], iv.halfwidth, float(self.delta[c])),
                                          self.streak[:, c])
@@ -173,7 +157,7 @@ def _asks(f: Forecast, left: np.ndarray, cap: np.ndarray, rng: np.random.Generat
     return more
 
 
-def run_hour(spec: FleetSpec, truths: list[engine.StrataTruth], budget: int, strategy: str, runs: int,
+def run_hour(spec: FleetSpec, truths: list[ChunkTruth], budget: int, strategy: str, runs: int,
              rng: np.random.Generator, confidence: float = 0.95) -> HourResult:
     """`runs` runs of one hour of the fleet under `strategy` (module docstring)."""
     fleet = _Fleet(spec, truths, runs, confidence)

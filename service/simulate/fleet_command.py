@@ -10,18 +10,19 @@ import sys
 import numpy as np
 
 from . import fleet
+from .fleet_chunks import chunk_truth, need_alone
 from .fleet_spec import FleetFileError, FleetSpec, load_fleet
 
 
 def study(spec: FleetSpec, runs: int, seed: int, confidence: float) -> dict:
     """Every strategy on the same chunks' truths, `runs` runs an hour, `spec.hours` hours."""
-    truths = [fleet.chunk_truth(m) for m in spec.members]
-    need = [fleet.need_alone(m, t, runs, [seed, 1, i], confidence) for i, (m, t) in enumerate(zip(spec.members, truths))]
+    truths = [chunk_truth(m) for m in spec.members]
+    need = [need_alone(m, t, runs, [seed, 1, i], confidence) for i, (m, t) in enumerate(zip(spec.members, truths))]
     budget = spec.budget_per_hour or int(round(spec.budget_share_of_need * sum(need)))
     doc = {"budget_per_hour": budget, "need_alone": round(sum(need), 1), "runs": runs, "seed": seed,
            "confidence": confidence, "hours": spec.hours,
            "classifiers": [{"name": m.name, "population": m.population, "items_per_hour": m.items_per_hour,
-                            "delta": m.delta, "weight": m.weight, "truth": round(t.truth, 4),
+                            "delta": m.delta, "weight": m.weight, "metrics": m.metrics, "truth": round(t.truth, 4),
                             "need_alone": round(x, 1)} for m, t, x in zip(spec.members, truths, need)],
            "strategies": {}}
     for k, strategy in enumerate(fleet.STRATEGIES):

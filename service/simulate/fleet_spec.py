@@ -10,6 +10,9 @@ team's hourly budget.  TOML::
     items_per_hour = 20000       # the hourly chunk's predicted positives
     delta = 0.02                 # its own target half-width
     weight = 1.0                 # its claim on the shared budget (default 1)
+    metrics = "precision"        # as STRATAMETER_METRICS (default precision); with recall, f1 or
+                                 # accuracy the population is a whole-stream one (`simulate --metric`)
+                                 # and items_per_hour counts every item scored, not only the positives
 
 ``budget_share_of_need`` sets the hourly budget to that share of the labels the classifiers need
 together to reach their deltas, each alone with no budget (measured in the same run)."""
@@ -20,10 +23,12 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..stats.confusion import METRICS, needs_negatives
 from .populations import BUILTIN
+from .whole_populations import WHOLE_BUILTIN
 
 _TOP = {"budget_share_of_need", "budget_per_hour", "hours", "classifier"}
-_MEMBER = {"name", "population", "items_per_hour", "delta", "weight"}
+_MEMBER = {"name", "population", "items_per_hour", "delta", "weight", "metrics"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Member:
     items_per_hour: int
     delta: float
     weight: float = 1.0
+    metrics: str = "precision"
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,16 @@ def _member(row: dict, where: str) -> Member:
     missing = sorted({"name", "population", "items_per_hour", "delta"} - set(row))
     if missing:
         raise FleetFileError(f"{where}: missing field {missing[0]!r}")
-    if row["population"] not in BUILTIN:
-        raise FleetFileError(f"{where}: population must be one of {', '.join(BUILTIN)}, got {row['population']!r}")
+    metrics = row.get("metrics", "precision")
+    names = metrics.split(",") if isinstance(metrics, str) else []
+    if not names or any(m not in METRICS for m in names) or len(set(names)) != len(names):
+        raise FleetFileError(f"{where}: metrics must be a comma list of {', '.join(METRICS)}, got {metrics!r}")
+    known = WHOLE_BUILTIN if needs_negatives(names) else BUILTIN
+    if row["population"] not in known:
+        kind = "whole-stream population (its metrics need the predicted negatives)" if known is WHOLE_BUILTIN \
+            else "precision population"
+        raise FleetFileError(f"{where}: population must be a {kind}: one of {', '.join(known)}, "
+                             f"got {row['population']!r}")
     items, delta, weight = row["items_per_hour"], row["delta"], row.get("weight", 1.0)
     if not (isinstance(items, int) and items >= 100):
         raise FleetFileError(f"{where}: items_per_hour must be an integer >= 100, got {items!r}")
@@ -102,4 +116,4 @@ def _member(row: dict, where: str) -> Member:
         raise FleetFileError(f"{where}: delta must be in (0, 0.5), got {delta!r}")
     if not (isinstance(weight, (int, float)) and weight > 0):
         raise FleetFileError(f"{where}: weight must be > 0, got {weight!r}")
-    return Member(str(row["name"]), row["population"], items, float(delta), float(weight))
+    return Member(str(row["name"]), row["population"], items, float(delta), float(weight), metrics)
