@@ -6,7 +6,8 @@ team's hourly budget.  TOML::
 
     [[classifier]]
     name = "spam"                # unique
-    population = "steep"         # a built-in precision population (`simulate --builtin`)
+    population = "steep"         # a built-in population: precision (`simulate --builtin`), or
+                                 # whole-stream when its metrics need the predicted negatives
     items_per_hour = 20000       # the hourly chunk's predicted positives
     delta = 0.02                 # its own target half-width
     weight = 1.0                 # its claim on the shared budget (default 1)
