@@ -12,8 +12,9 @@ T-round streak); while items still arrive, raise the thresholds to the paced
 target; once arrivals have stopped or the chunk has closed, run an online OPT
 round (allocation by the core) by raising thresholds past the next-lowest
 priorities; then request every unrequested reservoir item at or below its
-threshold, as far as the paced hourly budget allows: record the requests in
-Redis (outbox) and publish them all at once.  Skipped and expired requests
+threshold, as far as the paced hourly budget allows (and a review group's shared
+budget, `requests.group_budget`): record the requests in Redis (outbox) and
+publish them all at once.  Skipped and expired requests
 leave the sample (missing at random within the stratum); the next round's
 allocation makes up for them.
 
@@ -278,7 +279,8 @@ class RequestLoop:
     async def _carry_out(self, cid: str, snapshot: ChunkSnapshot, plan: ChunkPlan, cfg, now: int,
                          issued_before: int) -> tuple[int, str]:
         """Request the items due under the plan's thresholds, the most urgent first, as far as the
-        hourly budget (and the review group's, `group_grants`) allows; record the chunk's status.  Returns the requests issued and the status."""
+        hourly budget allows (and, in a review group with a budget, what the group granted:
+        `group_grants`); record the chunk's status.  Returns the requests issued and the status."""
         sides, lead = snapshot.sides, snapshot.lead
         due, taus, left = await self._due_by_side(sides, plan.tau, plan.want)
         budget = max(0, await self._budget_left([sd.state_id for sd in sides], cfg, now, issued_before))
