@@ -1,6 +1,6 @@
 """The request loop's side of a review group's budget (`requests.group_budget.GroupGrants`) against
-a real Redis: the forecasts each chunk writes, the share each asks, GRANT.  How a budget is split
-across the members of a group, step by step, with the clock held still."""
+a real Redis and a Redis Cluster: the forecasts each chunk writes, the share each asks, GRANT.  How a
+budget is split across the members of a group, step by step, with the clock held still."""
 
 from __future__ import annotations
 
@@ -12,10 +12,21 @@ import pytest
 
 from stratameter.chunks import group_plan
 from stratameter.requests.group_budget import GroupGrants
+from stratameter.state.store import Store
 
 pytestmark = pytest.mark.integration
 
 HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+async def store(redis_backend, unique_name):
+    """A `Store` on a single Redis and on a Redis Cluster (the group's keys in their own slot)."""
+    redis = redis_backend.client()
+    try:
+        yield Store(redis, unique_name("groups"))
+    finally:
+        await redis.aclose()
 TOP_OF_HOUR = 500_000 * HOUR_MS  # the paced allowance is a tenth of the budget: 100 of 1,000
 
 
