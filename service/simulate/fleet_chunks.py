@@ -57,16 +57,15 @@ def chunk_truth(member: Member) -> ChunkTruth:
     """`member`'s hourly chunk: its population's strata (the default design) with ``items_per_hour``
     items split as the population's, each stratum's positives at its rate."""
     metrics = tuple(member.metrics.split(","))
-    if not confusion.needs_negatives(metrics):
+    if confusion.needs_negatives(metrics):
+        st = prepare_whole(whole_builtin(member.population), WholeDesign(), metrics)
+        positive = st.positive
+    else:
         st = engine.prepare(builtin(member.population), engine.Design())
-        N, positive = _scaled(st.N, member.items_per_hour), np.ones(st.N.size, bool)
-        G = np.round(st.P * N).astype(np.int64)
-        return ChunkTruth(N, G, st.q, positive, metrics, float(G.sum() / N.sum()))
-    st = prepare_whole(whole_builtin(member.population), WholeDesign(), metrics)
+        positive = np.ones(st.N.size, bool)
     N = _scaled(st.N, member.items_per_hour)
     G = np.round(st.P * N).astype(np.int64)
-    truth = float(confusion.plug_in(metrics[0], N, N, G, st.positive))
-    return ChunkTruth(N, G, st.q, st.positive, metrics, truth)
+    return ChunkTruth(N, G, st.q, positive, metrics, float(confusion.plug_in(metrics[0], N, N, G, positive)))
 
 
 def _scaled(N: np.ndarray, items: int) -> np.ndarray:
