@@ -103,11 +103,15 @@ def _review_budgets(groups: list[dict]) -> str:
 
 def _members(cids: list[str]) -> str:
     """A group's classifiers, linked, the first `GROUP_MEMBERS_LIMIT` of them."""
-    links = ", ".join(f"<a href=\"/classifiers/{quote(c, safe='')}\">{escape(c)}</a>"
-                      for c in cids[:GROUP_MEMBERS_LIMIT])
+    links = ", ".join(_classifier_link(c) for c in cids[:GROUP_MEMBERS_LIMIT])
     more = len(cids) - GROUP_MEMBERS_LIMIT
     tail = f" <span class=muted>and {more} more</span>" if more > 0 else ""
     return (links or "<span class=muted>none yet</span>") + tail
+
+
+def _classifier_link(cid: str) -> str:
+    """A link to classifier `cid`'s page."""
+    return f"<a href=\"/classifiers/{quote(cid, safe='')}\">{escape(cid)}</a>"
 
 
 def _group_note(group: str | None) -> str:
@@ -122,7 +126,7 @@ def _overview_row(d: dict) -> str:
     last_html = "&ndash;" if last is None else _interval(last["metrics"].get("precision"))
     need = random_sample_labels(d["estimate"], d["delta"], d["confidence"])
     cid = d["classifier_id"]
-    return (f"<tr><td><a href=\"/classifiers/{quote(cid, safe='')}\">{escape(cid)}</a></td><td>{window_html}</td>"
+    return (f"<tr><td>{_classifier_link(cid)}</td><td>{window_html}</td>"
             f"<td>{last_html}</td><td>{_interval(d)}</td><td class=num>{d['labels']}</td>"
             f"<td class=num>{'&ndash;' if need is None else need}</td><td>{_status(d['status'])}</td>"
             f"<td class=num>{d['label_budget_remaining']}</td></tr>")
