@@ -322,12 +322,17 @@ async def converged(port: int, classifiers) -> dict | None:
     return docs
 
 
-async def scores_counted(port: int, classifiers) -> int:
+async def summed(port: int, classifiers, read) -> int:
+    """`read(document)` summed over the `classifiers` the API knows (an unknown one counts 0)."""
     total = 0
     for cid in classifiers:
         status, doc = await http_json(port, f"/v1/classifiers/{cid}")
-        total += doc["scores"] if status == 200 else 0
+        total += read(doc) if status == 200 else 0
     return total
+
+
+async def scores_counted(port: int, classifiers) -> int:
+    return await summed(port, classifiers, lambda doc: doc["scores"])
 
 
 async def progress(port: int, classifiers) -> dict[str, dict]:
@@ -341,11 +346,7 @@ async def progress(port: int, classifiers) -> dict[str, dict]:
 
 
 async def labels_folded(port: int, classifiers) -> int:
-    total = 0
-    for cid in classifiers:
-        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
-        total += doc["labels_by_outcome"]["accepted"] if status == 200 else 0
-    return total
+    return await summed(port, classifiers, lambda doc: doc["labels_by_outcome"]["accepted"])
 
 
 async def read_topic(bootstrap: str, topic: str, group: str, expect: int | None = None, timeout: float = 60.0,

@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from stratameter.chunks.lifecycle import budget_allowance
 from stratameter.embedded import find_free_port
-from tests.harness import RedisBackend, ServiceProcess, http_json, new_workload, read_topic, wait_for
+from tests.harness import RedisBackend, ServiceProcess, http_json, new_workload, read_topic, summed, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -95,11 +95,7 @@ async def _recorded(work, hours: set[int]) -> tuple[dict[str, int], dict[int, in
 
 
 async def _requested_at_least(port: int, n: int) -> bool:
-    total = 0
-    for cid in CLASSIFIERS:
-        status, doc = await http_json(port, f"/v1/classifiers/{cid}")
-        total += doc["label_requests"] if status == 200 else 0
-    return total >= n
+    return await summed(port, CLASSIFIERS, lambda doc: doc["label_requests"]) >= n
 
 
 async def _settled(port: int, work) -> dict | None:
