@@ -302,6 +302,7 @@ def _counters_doc(summary: dict, other: list[dict], cfg, now_s: float, group: Gr
         "scores": int(summary["meta"].get("scores_total", 0)),
         "pending": pending,
         "label_requests": int(counters.get("requests_total", 0)),
+        "label_requests_joined": int(counters.get("requests_joined", 0)),
         "requests_expired": int(counters.get("requests_expired", 0)),
         "last_label_at": _iso(int(counters["last_label_ms"]) / 1000) if "last_label_ms" in counters else None,
         "labels_by_outcome": {o: int(counters.get(f"labels_{o}", 0)) for o in LABEL_OUTCOMES},

@@ -4,9 +4,11 @@ One JSON object.  Each key is a classifier id; its object overrides, for that cl
 marked OVERRIDE (docs/reference/configuration.md's ``*``), checked by the same checks as the variables,
 strictly (``"0.7"`` is not a number).  The reserved key ``"$review_groups"`` (``$`` is no classifier-id
 character, so it cannot name a classifier) defines the review groups, each with the hourly label budget
-its classifiers share (`GROUP_KEYS`: only ``budget_per_hour``, an integer >= 1)::
+its classifiers share (`GROUP_KEYS`: ``budget_per_hour``, an integer >= 1, and optionally ``share_items``, a
+boolean: one label request serves every member that wants the item, `requests.shared_items`)::
 
-    {"$review_groups": {"trust-safety": {"budget_per_hour": 2000}, "ads": {"budget_per_hour": 300}},
+    {"$review_groups": {"trust-safety": {"budget_per_hour": 2000, "share_items": true},
+                        "ads": {"budget_per_hour": 300}},
      "spam-en": {"review_group": "trust-safety", "review_weight": 1.5, "delta": 0.02},
      "fraud": {"review_group": "trust-safety"}}
 
@@ -43,7 +45,7 @@ GROUPS_KEY = "$review_groups"
 #: the group of every classifier that names none (nor does STRATAMETER_REVIEW_GROUP)
 DEFAULT_GROUP = "default"
 #: the keys of a group's object
-GROUP_KEYS: tuple[str, ...] = ("budget_per_hour",)
+GROUP_KEYS: tuple[str, ...] = ("budget_per_hour", "share_items")
 
 _VAR = env_var("classifiers_config_file")
 _BUDGET: TypeAdapter[int] = TypeAdapter(Annotated[int, in_range(1)])
@@ -51,11 +53,12 @@ _BUDGET: TypeAdapter[int] = TypeAdapter(Annotated[int, in_range(1)])
 
 @dataclass(frozen=True)
 class ClassifiersFile:
-    """What the file says: the effective `ClassifierConfig` of each classifier it names, and the
-    ``budget_per_hour`` of each group under ``$review_groups``."""
+    """What the file says: the effective `ClassifierConfig` of each classifier it names, the
+    ``budget_per_hour`` of each group under ``$review_groups``, and the groups that share items."""
 
     overrides: dict[str, BaseModel] = field(default_factory=dict)
     groups: dict[str, int] = field(default_factory=dict)
+    sharing: frozenset[str] = frozenset()
 
 
 def load_classifiers_file(path: Path, defaults: BaseModel, overridable: tuple[str, ...]) -> ClassifiersFile:
@@ -63,7 +66,8 @@ def load_classifiers_file(path: Path, defaults: BaseModel, overridable: tuple[st
     keys allowed are `overridable`), and the groups.  Raises `ConfigError` with every error of the file."""
     doc = _read(path)
     errors: list[str] = []
-    groups, named = _groups(doc.pop(GROUPS_KEY, {}), errors)
+    raw_groups = doc.pop(GROUPS_KEY, {})
+    groups, named = _groups(raw_groups, errors)
     base = defaults.model_dump(exclude={"classifier_id"})
     overrides: dict[str, BaseModel] = {}
     for cid, over in doc.items():
@@ -77,7 +81,7 @@ def load_classifiers_file(path: Path, defaults: BaseModel, overridable: tuple[st
             errors.append(f"{cid}.review_group: {_no_group(group, named)}")
     if errors:
         raise ConfigError([(_VAR, message) for message in errors])
-    return ClassifiersFile(overrides, groups)
+    return ClassifiersFile(overrides, groups, frozenset(g for g in groups if raw_groups[g].get("share_items")))
 
 
 def review_budgets(groups: dict[str, int], budget_per_hour: int, review_group: str) -> dict[str, int]:
@@ -138,6 +142,8 @@ def _groups(doc: Any, errors: list[str]) -> tuple[dict[str, int], list[str]]:
                           f"allowed: {', '.join(GROUP_KEYS)}")
         elif "budget_per_hour" not in group:
             errors.append(f"{where}.budget_per_hour: required (the group's labels per hour, >= 1)")
+        elif not isinstance(group.get("share_items", False), bool):
+            errors.append(f"{where}.share_items: must be true or false, got {group['share_items']!r}")
         else:
             try:
                 groups[name] = _BUDGET.validate_python(group["budget_per_hour"], strict=True)

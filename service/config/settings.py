@@ -178,6 +178,7 @@ class Settings(ClientOptions, BaseSettings):
     _defaults: BaseModel = PrivateAttr()
     _overrides: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
     _review_budgets: dict[str, int] = PrivateAttr(default_factory=dict)
+    _sharing_groups: frozenset[str] = PrivateAttr(default_factory=frozenset)
     _cache: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
 
     def __init__(self, **values: Any) -> None:
@@ -215,6 +216,7 @@ class Settings(ClientOptions, BaseSettings):
             load_classifiers_file(self.classifiers_config_file, self._defaults, OVERRIDABLE)
         self._overrides = file.overrides
         self._review_budgets = review_budgets(file.groups, self.review_budget_per_hour, self.review_group)
+        self._sharing_groups = file.sharing
         return self
 
     # ---- per classifier
@@ -276,6 +278,13 @@ class Settings(ClientOptions, BaseSettings):
         predicted negatives (`state.keys.negatives_of(cid)`), the classifier's group."""
         group: str = self.for_classifier(cid).review_group
         return group if group in self._review_budgets else None
+
+    def sharing_group_of(self, cid: str) -> str | None:
+        """The review group of `cid` if that group shares items (``share_items``: its classifiers draw
+        an item's priority from its id, and one request serves every member wanting the item,
+        `requests.shared_items`), else None."""
+        group = self.group_of(cid)
+        return group if group in self._sharing_groups else None
 
 
 def _window_errors(s: Settings) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ import orjson
 
 from ..stats.sketch import BINS, bin_index
 from .bins import histogram_increments
+from .priorities import item_priorities
 
 #: A reservoir keeps its RESERVOIR_SIZE lowest priorities and, beyond them, every member at
 #: or below its stratum's inclusion threshold (the threshold sample, `stats.streams`), up to
@@ -248,7 +249,8 @@ def _reservoir_candidates(recs: ClassifierRecords, sel: np.ndarray, stratum: np.
 
 
 def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservoir_size: int,
-                  now_ms: int, rng: np.random.Generator, cutoffs_for=None, cap: int = 0, bins_for=None) -> dict:
+                  now_ms: int, rng: np.random.Generator, cutoffs_for=None, cap: int = 0, bins_for=None,
+                  sharing_group: str | None = None) -> dict:
     """The INGEST payload of one classifier's records (see state.scripts.INGEST).
 
     `cuts_for(chunk)` returns the chunk's stored strata boundaries: an object with
@@ -262,8 +264,11 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
     `bins_for(chunk)`, if given, returns the ingestor's copy of the chunk's histogram counters
     (`bins.ChunkBins`), which the batch is added to and written from (runs of counters);
     without it the histogram goes as increments.
+    `sharing_group`: the review group that shares items the classifier is in, whose priorities are
+    drawn from the item ids (`priorities.item_priorities`) instead of `rng`.
     """
-    priority = _once(recs, "priority", lambda: rng.random(recs.size))
+    priority = _once(recs, "priority", lambda: rng.random(recs.size) if sharing_group is None else
+                     item_priorities(list(map(recs.items.__getitem__, recs.rows.tolist())), sharing_group))
     out_chunks = []
     for t, sel in positives_by_chunk(recs, chunk_seconds):
         s = recs.score[sel]

@@ -232,7 +232,8 @@ class ScoreIngestor:
             cfg = self.settings.for_classifier(cid)
             payload = build_payload(r, cfg.chunk_seconds, lambda t, c=cid: cuts[(c, t)],
                                     cfg.reservoir_size, now_ms, self.rng, lambda t, c=cid: self._cutoffs.get((c, t)),
-                                    provisional_cap(cfg.strata, cfg.reservoir_size), lambda t, c=cid: bins[(c, t)])
+                                    provisional_cap(cfg.strata, cfg.reservoir_size), lambda t, c=cid: bins[(c, t)],
+                                    self.settings.sharing_group_of(cid))
             if not owner_of(cid)[1] and not self.settings.samples_negatives(cid):
                 payload["unpaired"] = True  # INGEST notes how far its negatives' state misses records
             new = int(r.offsets[-1])

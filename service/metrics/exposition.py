@@ -58,6 +58,9 @@ _ESTIMATE = (("estimate", "stratameter_precision_ratio"),
 _COUNTERS = (
     ("scores", "stratameter_scores", "Score records counted"),
     ("label_requests", "stratameter_label_requests", "Label requests issued"),
+    ("label_requests_joined", "stratameter_label_requests_joined",
+     "Label requests that joined another classifier's request for the same item (a review group that "
+     "shares items): never published, answered by that request's answer"),
     ("requests_expired", "stratameter_label_requests_expired",
      "Label requests that reached their deadline unanswered (then replaced)"),
 )

@@ -36,7 +36,6 @@ from ..chunks.lifecycle import chunk_closed
 from ..chunks.plan import ChunkPlan, ChunkSnapshot, Side, chunk_snapshot, plan_chunk, sampled_sides
 from ..chunks.report import ChunkReport, chunk_report
 from ..labels.calibrated import chunk_calibrations
-from ..stats import streams
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
 from ..state.keys import first_negative_stratum, negatives_of, owner_of
@@ -44,8 +43,11 @@ from ..state.process import ProcessState
 from ..state.records import ChunkState
 from ..state.store import Store
 from .group_budget import GroupGrants
+from ..state.group_store import ItemClaim
+from .due import due_by_side
 from .memory import ClassifierMemory, Prior, Purge
 from .messages import new_request_id, request_message
+from .shared_items import NOT_ISSUED, SharedItems
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class RequestLoop:
         self.chunks, self.requests, self.registry, self.process = store.chunks, store.requests, store.registry, process
         self.settings, self.publish, self.instance = settings, publish, settings.instance_id
         self.group_grants = GroupGrants(store.groups, settings)  # a review group's shared budget, if any
+        self.shared_items = SharedItems(store, settings)  # and its shared items, if it shares them
         self._memory: dict[str, ClassifierMemory] = {}  # per classifier it steps (`requests.memory`)
 
     def _remember(self, cid: str) -> ClassifierMemory:
@@ -104,6 +107,7 @@ class RequestLoop:
         states = self._states(cid)
         by_state: dict[str, list[int]] = {}
         for sid, _ in states:
+            await self.shared_items.resolve(sid, now)
             await self.requests.expire(sid, now)
             by_state[sid] = await self._chunk_ids(sid, cfg, now)
         if await self._forget_if_silent(cid, by_state, cfg, now):
@@ -280,57 +284,52 @@ class RequestLoop:
                          issued_before: int) -> tuple[int, str]:
         """Request the items due under the plan's thresholds, the most urgent first, as far as the
         hourly budget allows (and, in a review group with a budget, what the group granted:
-        `group_grants`); record the chunk's status.  Returns the requests issued and the status."""
+        `group_grants`); items another member of a group that shares items asked for are joined
+        at no cost (`shared_items`).  Record the chunk's status.  Returns the requests published
+        and the status."""
         sides, lead = snapshot.sides, snapshot.lead
-        due, taus, left = await self._due_by_side(sides, plan.tau, plan.want)
+        due, taus, left = await due_by_side(self.chunks, self.requests, sides, plan.tau, plan.want)
+        free = await self.shared_items.free(cid, due)
+        paid = [d for d, f in zip(due, free) if not f]
         budget = max(0, await self._budget_left([sd.state_id for sd in sides], cfg, now, issued_before))
-        budget = await self.group_grants.labels_for(cid, snapshot, plan, cfg, now, len(due), budget)
-        status = plan.status(snapshot, cfg, len(due), left, budget)
-        chosen = due[:budget]
+        budget = await self.group_grants.labels_for(cid, snapshot, plan, cfg, now, len(paid), budget)
+        status = plan.status(snapshot, cfg, len(paid), left, budget)
+        joining = {d[3] for d, f in zip(due, free) if f}
+        chosen = [d for d in due if d[3] in joining] + paid[:budget]
         issued = 0
         for sd, tau_side in zip(sides, taus):
             mine = [(new_request_id(sd.state_id), k, orjson.loads(raw), raw) for _, side_id, k, raw in chosen
                     if side_id == sd.state_id]
             if mine:
-                issued += await self._request(cid, sd, now, mine, tau_side)
+                issued += await self._request(cid, sd, now, mine, tau_side, joining)
         if chosen or status != lead.cs.status or snapshot.closed != lead.cs.status_closed:
             await self.chunks.set_status(lead.state_id, snapshot.chunk, status, snapshot.closed)
         return issued, status
 
-    async def _due_by_side(self, sides: list[Side], tau: np.ndarray, want: np.ndarray
-                           ) -> tuple[list, list, int]:
-        """`_due` for each side's slice of the chunk's strata: the due items of both sides, the most
-        urgent first, each side's thresholds (None for a side with no items or held), the items left."""
-        due, taus, left, at = [], [], 0, 0
-        for sd in sides:
-            k = sd.strata
-            if sd.cs is not None and not sd.held:
-                d, tau_side, left_side = await self._due(sd, tau[at:at + k], want[at:at + k])
-                due += d
-                left += left_side
-                taus.append(tau_side)
-            else:
-                taus.append(None)
-            at += k
-        due.sort(key=lambda d: d[0])
-        return due, taus, left
-
-    async def _request(self, cid: str, sd: Side, now: int, requests: list, tau: np.ndarray) -> int:
-        """Record one side's requests and the thresholds they were drawn under (outbox), publish, mark."""
+    async def _request(self, cid: str, sd: Side, now: int, requests: list, tau: np.ndarray,
+                       joining: set[str]) -> int:
+        """Record one side's requests and the thresholds they were drawn under (outbox), publish, mark.
+        In a group that shares items the items are CLAIMed first: a joined request is recorded, not
+        published, and one of `joining` (members' raw JSON budgeted as joined) that found nothing to
+        join is not issued.  Returns the requests published."""
         cs, cfg = sd.cs, sd.cfg
         deadline = now + int(cfg.label_timeout_seconds * 1000)
+        joins = await self.shared_items.claim(sd.state_id, deadline, [ItemClaim(m["i"], rid, raw in joining)
+                                                                      for rid, _, m, raw in requests])
+        requests = [r for r in requests if joins.get(r[0]) != NOT_ISSUED]
         issued = await self.requests.issue(sd.state_id, cs.chunk, now, deadline, cs.round + 1, self.instance,
-                                           [[rid, k, m["i"], repr(float(m["s"])), raw] for rid, k, m, raw in requests],
+                                           [[rid, k, m["i"], repr(float(m["s"])), raw, joins.get(rid, "")]
+                                            for rid, k, m, raw in requests],
                                            {}, int(cfg.request_retention_seconds * 1000), tau)
         if issued is None:
             log.warning("lost the lease while issuing", extra={"classifier": cid})
             return 0
-        ok = set(issued)
+        ok = {rid for rid in issued if not joins.get(rid)}
         records = [(cid, request_message(rid, cid, sd.first_stratum + k, m, now, deadline, sd.positive))
                    for rid, k, m, _ in requests if rid in ok]
         await self.publish(records)
-        await self.requests.mark_published(sd.state_id, issued)
-        return len(issued)
+        await self.requests.mark_published(sd.state_id, [rid for rid in issued if rid in ok])
+        return len(ok)
 
     async def _report(self, snapshot: ChunkSnapshot, cfg) -> ChunkReport:
         """The chunk's report of the strata the loop samples (`chunks.report.chunk_report`), with the
@@ -361,31 +360,3 @@ class RequestLoop:
             q = stratum_mean_probability(hist, cs.cuts, cfg.score_kind)
         priors[cs.chunk] = Prior(total, q)
         return q
-
-    async def _due(self, sd: Side, tau: np.ndarray, want: np.ndarray
-                   ) -> tuple[list[tuple[float, str, int, str]], np.ndarray, int]:
-        """Unrequested reservoir items at or below each stratum's threshold, after
-        raising the thresholds of the strata a round wants `want` more labels from.
-
-        Returns the due items as (urgency, state id, stratum, member), the most urgent first
-        (lowest priority relative to its threshold), the thresholds, and the
-        number of items left above them.  Items above a threshold were never
-        requested (requests only ever go to items at or below it).  A full
-        reservoir keeps nothing above its largest priority, so no threshold
-        rises past it (the design's cap on labels per stratum and chunk)."""
-        cid, cs, cfg = sd.state_id, sd.cs, sd.cfg
-        tau = np.array(tau, dtype=float)
-        windows = await self.chunks.reservoir_windows(cid, cs.chunk, tau, want)
-        below = [(k, raw, p) for k, w in enumerate(windows) for raw, p in w.below]
-        taken = await self.requests.sampled(cid, cs.chunk, [orjson.loads(raw)["i"] for _, raw, _ in below])
-        due = [(p / max(tau[k], 1e-300), k, raw) for (k, raw, p), t in zip(below, taken) if not t]
-        left = 0
-        for k, w in enumerate(windows):
-            raised = streams.threshold_after(tau[k], [p for _, p in w.above], int(want[k]))
-            if w.size >= cs.effective_reservoir_size(cfg.reservoir_size):
-                raised = min(raised, w.largest)
-            tau[k] = max(cs.thresholds[k], raised)
-            due += [(p / max(tau[k], 1e-300), k, raw) for raw, p in w.above if p <= tau[k]]
-            left += w.above_count - sum(1 for _, p in w.above if p <= tau[k])
-        due.sort()
-        return [(u, cid, k, raw) for u, k, raw in due], tau, left

@@ -1,15 +1,28 @@
-"""The review groups port: a group's shared hourly label budget (GRANT) and its classifiers' chunk
-forecasts (issue 52, docs/concepts/shared-budget.md).  A group's keys are in a slot of their own
+"""The review groups port: a group's shared hourly label budget (GRANT), its classifiers' chunk
+forecasts, and, in a group that shares items, each item's first request (CLAIM) (issue 52,
+docs/concepts/shared-budget.md).  A group's keys are in a slot of their own
 (``{<group>~group}``, `keys.Keys.group`), so no script touches both a group and a classifier: a
 request loop asks GRANT first and then issues at most what it was granted (ISSUE, in the
 classifier's slot)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .connection import StateConnection, text
 
 #: A group's hourly counter outlives its hour by this much (its last grants stay readable).
 GRANTED_TTL_MS = 2 * 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class ItemClaim:
+    """One item a request loop wants: the request id it would issue, and whether it may only join
+    another member's request (it was budgeted as free) rather than become the item's first."""
+
+    item_id: str
+    request_id: str
+    join_only: bool = False
 
 
 class GroupStore:
@@ -42,3 +55,19 @@ class GroupStore:
     async def drop_forecasts(self, group: str, members: list[str]) -> None:
         if members:
             await self.redis.hdel(self.keys.group_forecasts(group), *members)
+
+    async def first_requests(self, group: str, item_ids: list[str]) -> list[str | None]:
+        """The first request of each item a member of the group asked for, if it has not expired."""
+        if not item_ids:
+            return []
+        return [text(v) for v in await self.redis.mget([self.keys.group_item(group, i) for i in item_ids])]
+
+    async def claim(self, group: str, state_id: str, deadline_ms: int, wanted: list[ItemClaim]) -> list[str]:
+        """CLAIM the items of `wanted` for state `state_id`'s requests, due by `deadline_ms`: per item, the
+        request of another state it joins, else ``""`` (the item's first request: publish it) or, for a
+        claim that may only join (`ItemClaim.join_only`), ``"-"`` (issue nothing)."""
+        if not wanted:
+            return []
+        keys = [self.keys.group_item(group, w.item_id) for w in wanted]
+        args = [f"{state_id}/", deadline_ms] + [f"{'j' if w.join_only else 'c'}{w.request_id}" for w in wanted]
+        return [text(v) or "" for v in await self.connection.scripts.call("CLAIM", keys, args)]

@@ -41,14 +41,18 @@ Per classifier ``<prefix>:{cid}:...``
                              the difference estimator's labelled items (`labels.calibrated`),
                              at most the chunk's labels; dropped with the reservoirs
   req:<rid>           hash   request: chunk, stratum, item (the reservoir member), score, round,
-                             requested_ms, deadline_ms, state (new, pending, answered, skipped,
-                             expired); once answered label, answered_ms, labeler.  Expires
+                             requested_ms, deadline_ms, state (new, pending, joined, answered,
+                             skipped, expired); joins (a joined request: the request it joined);
+                             once answered label, answered_ms, labeler.  Expires
                              (PEXPIREAT) the request retention after its deadline
   pending             zset   request id -> deadline (ms), requests not yet answered or expired
   counters            hash   labels_accepted, labels_skipped, labels_duplicate, labels_expired,
-                             labels_unknown, last_label_ms, requests_total, requests_expired,
+                             labels_unknown, labels_shared, last_label_ms, requests_total,
+                             requests_joined, requests_expired,
                              status_changes (EVALUATE_ROUND, SET_STATUS: a closed chunk's status changed)
-  hourly              hash   hour (epoch h) -> label requests issued
+  hourly              hash   hour (epoch h) -> label requests issued (published; joined ones cost nothing)
+  joins               hash   joined request id -> the request id it joined, while it awaits that
+                             answer (ISSUE; `requests.shared_items` deletes an entry once resolved)
   lease               string instance id holding the request loop (PX lease, fences ISSUE)
 
 The predicted negatives of a classifier whose metrics need them (recall, F1, accuracy) are
@@ -91,6 +95,9 @@ classifier-id character, so the slot is the group's own, docs/concepts/shared-bu
   forecasts           hash   "<cid>/<chunk>" -> JSON of the chunk's forecast (`chunks.group_plan`,
                              written by its request loop each step; fields older than
                              `chunks.group_plan.FORECAST_TTL_SECONDS` are ignored and deleted)
+  item:<item_id>      string in a group that shares items, the first request of the item any
+                             member asked for (CLAIM; expires at that request's deadline): a member
+                             wanting the item later joins it (`requests.shared_items`)
 
 The Label Studio bridge (``stratameter bridge label-studio``, ``service/bridge/``), per Label Studio
 project id ``<p>``; no script touches them, each call names one key:
@@ -198,6 +205,7 @@ class Keys:
     pending = _classifier_key("pending")
     counters = _classifier_key("counters")
     hourly = _classifier_key("hourly")
+    joins = _classifier_key("joins", "``joins``: joined request id -> the request id it joined.")
     def lease(self, cid: str) -> str:
         """``<prefix>:{cid}:lease``: one for a classifier and its predicted negatives."""
         return f"{self.classifier(owner_of(cid)[0])}:lease"
@@ -260,6 +268,10 @@ class Keys:
         """``<prefix>:{<group>~group}:forecasts``: its classifiers' chunks' forecasts."""
         return f"{self.group(group)}:forecasts"
 
+    def group_item(self, group: str, item_id: str) -> str:
+        """``<prefix>:{<group>~group}:item:<item_id>``: the first request of an item (CLAIM)."""
+        return f"{self.group(group)}:item:{item_id}"
+
     # ---- the Label Studio bridge (service/bridge/) --------------------------------------
     def label_studio_request(self, cid: str, project: int, rid: str) -> str:
         """``<prefix>:{cid}:ls:<project>:<rid>``: the Label Studio task of request `rid` (in the
@@ -305,7 +317,7 @@ class Keys:
         """FORGET: the state's chunks first, then its other keys, its chunks' keys (every
         possible reservoir) and, for a classifier, its lease."""
         keys = [self.chunks(cid), self.meta(cid), self.scores_offsets(cid), self.labels_offsets(cid),
-                self.pending(cid), self.counters(cid), self.hourly(cid)]
+                self.pending(cid), self.counters(cid), self.hourly(cid), self.joins(cid)]
         if not owner_of(cid)[1]:
             keys.append(self.lease(cid))
         for t in chunks:
@@ -318,4 +330,5 @@ class Keys:
     def issue_keys(self, cid: str, t: int, rids: Iterable[str]) -> list[str]:
         """ISSUE: the classifier's, the chunk's, then one per request id."""
         return ([self.lease(cid), self.pending(cid), self.counters(cid), self.hourly(cid), self.chunk_meta(cid, t),
-                 self.chunk_sampled(cid, t), self.chunk_replace(cid, t)] + [self.request(cid, r) for r in rids])
+                 self.chunk_sampled(cid, t), self.chunk_replace(cid, t), self.joins(cid)]
+                + [self.request(cid, r) for r in rids])

@@ -1,7 +1,8 @@
 """The requests port: a state's label requests, and the retention the request loop runs.
 Issuing a round (ISSUE, the outbox: `unpublished`, MARK_PUBLISHED), expiring what is overdue
 (EXPIRE), folding the answers (LABEL, `calls.LabelCall`), the pending requests and the hour's
-budget; purging old chunks' keys and forgetting a silent state (FORGET)."""
+budget, the joined requests of a group that shares items (`joins`); purging old chunks' keys and
+forgetting a silent state (FORGET)."""
 
 from __future__ import annotations
 
@@ -139,6 +140,22 @@ class RequestStore:
                     out[i] = label_reply(r)
             todo = retry
         return out
+
+    # ---- joined requests (a review group that shares items, `requests.shared_items`) -------
+    async def joins(self, sid: str) -> dict[str, str]:
+        """State `sid`'s joined requests awaiting an answer: request id -> the request id it joined."""
+        return {text(k): text(v) for k, v in (await self.redis.hgetall(self.keys.joins(sid))).items()}
+
+    async def drop_joins(self, sid: str, rids: list[str]) -> None:
+        if rids:
+            await self.redis.hdel(self.keys.joins(sid), *rids)
+
+    async def request_fields(self, requests: list[tuple[str, str]], *fields: str) -> list[list[str | None]]:
+        """`fields` of each (state id, request id) of `requests` (None where missing), in one pipeline."""
+        pipe = self.connection.pipeline()
+        for sid, rid in requests:
+            pipe.hmget(self.keys.request(sid, rid), list(fields))
+        return [[text(v) for v in row] for row in await pipe.execute()]
 
     # ---- retention --------------------------------------------------------------------------
     async def purge_chunks(self, cid: str, ids: list[int], keep_full: int, keep_history: int,

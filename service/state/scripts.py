@@ -9,8 +9,8 @@ topic, re-aggregated from the stored offset), so consumer offsets may be committ
 the fact with at-least-once delivery and the state still changes exactly once.
 
 Every key a script touches is passed in KEYS (named by `keys.Keys`, all in one hash
-slot); a script builds no key name.  GRANT is the one script on a review group's slot (its shared
-budget), not a classifier's.  Where the keys depend on what a script would read
+slot); a script builds no key name.  GRANT and CLAIM run on a review group's slot (its shared
+budget, its shared items), not a classifier's.  Where the keys depend on what a script would read
 (LABEL: the request's chunk; EXPIRE: the due requests' chunks), the store reads first,
 passes the keys, and the script re-checks what was read and refuses if it changed.
 Each file starts with a comment giving its KEYS, ARGV and reply.
@@ -26,7 +26,7 @@ import msgspec
 #: Every script, by the name the store calls it (the file is ``lua/<name lower-cased>.lua``).
 NAMES = ("INGEST", "OPEN_CHUNK", "RESTRATIFY", "FREEZE", "LABEL", "EXPIRE", "ISSUE", "MARK_PUBLISHED",
          "EVALUATE_ROUND", "SET_STATUS", "LEASE", "RELEASE", "GLOBAL_COUNT", "FORGET", "NOTE_APPLIED",
-         "LOWER_APPLIED", "NOTE_ACKNOWLEDGED", "GRANT")
+         "LOWER_APPLIED", "NOTE_ACKNOWLEDGED", "GRANT", "CLAIM")
 
 
 def source(name: str) -> str:

@@ -29,6 +29,7 @@ from stratameter.ingest.aggregate import build_payload, group_by_classifier
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.state import scripts
 from stratameter.state.calls import IngestCall, LabelCall, LabelReply
+from stratameter.state.group_store import ItemClaim
 from stratameter.state.keys import ingest_chunks, negatives_of
 from stratameter.state.records import ChunkCuts
 from stratameter.state.scripts import encode_ingest
@@ -283,6 +284,9 @@ async def _exercise(store: Store, settings) -> None:
     assert await store.groups.grant("team", now, 5, 3) == 3  # GRANT: in the group's own slot
     assert await store.groups.grant("team", now, 5, 3) == 2  # the paced allowance's rest
     assert await store.groups.granted_this_hour("team", now) == 5
+    mine = [ItemClaim("it-1", f"{cid}/r1"), ItemClaim("it-2", f"{cid}/r2", join_only=True)]
+    assert await store.groups.claim("team", cid, now + 60_000, mine) == ["", "-"]  # CLAIM: the group's slot
+    assert await store.groups.claim("team", "clf-b", now + 60_000, [ItemClaim("it-1", "clf-b/r3")]) == [f"{cid}/r1"]
     assert await store.requests.forget(cid, await store.chunks.chunk_ids(cid))  # FORGET
     assert not await store.redis.exists(store.keys.meta(cid), store.keys.chunk_meta(cid, chunk_a),
                                         store.keys.acknowledged(cid))  # its acknowledged offsets with it

@@ -141,6 +141,19 @@ def test_an_empty_groups_object_is_no_group(tmp_path):
     assert s.review_budgets == {} and s.overridden_classifiers == ("fraud",)
 
 
+def test_a_group_that_shares_items(tmp_path):
+    """``share_items`` names the groups whose members share items; a classifier outside them, or in
+    a group without it, shares nothing (`Settings.sharing_group_of`, its negatives' its own)."""
+    doc = {"$review_groups": {"shadows": {"budget_per_hour": 500, "share_items": True},
+                              "ads": {"budget_per_hour": 300, "share_items": False}},
+           "model": {"review_group": "shadows"}, "shadow": {"review_group": "shadows"}, "ctr": {"review_group": "ads"}}
+    s = load_settings(with_file(tmp_path, doc, review_budget_per_hour="100"))
+    assert s.sharing_group_of("model") == s.sharing_group_of("shadow") == "shadows"
+    assert s.sharing_group_of(negatives_of("shadow")) == "shadows"
+    assert s.sharing_group_of("ctr") is None and s.sharing_group_of("other") is None
+    assert s.group_of("ctr") == "ads" and s.group_of("other") == "default"
+
+
 @pytest.mark.parametrize("doc, fragment", [
     ({"$review_groups": {"ads": {"budget_per_hour": 0}}}, "$review_groups.ads.budget_per_hour: must be >= 1, got 0"),
     ({"$review_groups": {"ads": {"budget_per_hour": 2.5}}}, "$review_groups.ads.budget_per_hour: must be an integer"),
@@ -150,7 +163,11 @@ def test_an_empty_groups_object_is_no_group(tmp_path):
      "$review_groups.ads.budget_per_hour: must be an integer, got true"),
     ({"$review_groups": {"ads": {}}}, "$review_groups.ads.budget_per_hour: required"),
     ({"$review_groups": {"ads": {"budget_per_hour": 3, "weight": 1}}},
-     "$review_groups.ads: unknown key(s) 'weight'; allowed: budget_per_hour"),
+     "$review_groups.ads: unknown key(s) 'weight'; allowed: budget_per_hour, share_items"),
+    ({"$review_groups": {"ads": {"budget_per_hour": 3, "share_items": "yes"}}},
+     "$review_groups.ads.share_items: must be true or false, got 'yes'"),
+    ({"$review_groups": {"ads": {"budget_per_hour": 3, "share_items": 1}}},
+     "$review_groups.ads.share_items: must be true or false, got 1"),
     ({"$review_groups": {"ads": 300}}, '$review_groups.ads: must be an object {"budget_per_hour": n}, got int'),
     ({"$review_groups": {"trust safety": {"budget_per_hour": 3}}},
      "$review_groups: 'trust safety' is not a group name (1-128 characters of [A-Za-z0-9._:-]"),

@@ -15,7 +15,7 @@ for i = 1, n do
   if due[i] ~= ARGV[3 * i - 1] then return -1 end
   local rk = KEYS[2 + i]
   local st = redis.call('HGET', rk, 'state')
-  if st == 'new' or st == 'pending' then
+  if st == 'new' or st == 'pending' or st == 'joined' then
     if redis.call('HGET', rk, 'chunk') ~= ARGV[3 * i] or tonumber(ARGV[3 * i + 1]) < 1 then return -1 end
   end
   states[i] = st
@@ -23,7 +23,7 @@ end
 for i = 1, n do
   local rk = KEYS[2 + i]
   local st = states[i]
-  if st == 'new' or st == 'pending' then
+  if st == 'new' or st == 'pending' or st == 'joined' then
     redis.call('HSET', rk, 'state', 'expired')
     redis.call('HINCRBY', KEYS[tonumber(ARGV[3 * i + 1])], redis.call('HGET', rk, 'stratum'), 1)
     redis.call('HINCRBY', cnt, 'requests_expired', 1)

@@ -18,18 +18,25 @@
 -- Deadline: an answer to a request whose deadline (deadline_ms) is at or before now_ms is
 -- `expired` even when EXPIRE has not swept the request yet (the request loop runs it about once
 -- a tick): this call then expires the request as EXPIRE would (replaced in its stratum).
+-- A joined request (`requests.shared_items`) takes the answer of the request it joined with the
+-- partition '' (ARGV[1]): no offset guard, the request's own state is the guard; a request that
+-- is no longer `joined` changes nothing ({'resolved'}).
 -- Returns {outcome[, chunk, stratum]}: replay (with the stored offset), rolled_back (with it), retry,
--- no_state, unknown, duplicate, expired, skipped, accepted.
+-- no_state, unknown, duplicate, expired, skipped, accepted, resolved.
 local okey, cnt, pending, rk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
-if tonumber(ARGV[2]) <= stored then return {'replay', tostring(stored)} end
-if ARGV[9] ~= '' and stored >= 0 and stored < tonumber(ARGV[9]) then return {'rolled_back', tostring(stored)} end
-if ARGV[8] ~= '' and stored < tonumber(ARGV[8]) then return {'retry'} end
+local joined = ARGV[1] == ''
+if not joined then
+  local stored = tonumber(redis.call('HGET', okey, ARGV[1]) or '-1')
+  if tonumber(ARGV[2]) <= stored then return {'replay', tostring(stored)} end
+  if ARGV[9] ~= '' and stored >= 0 and stored < tonumber(ARGV[9]) then return {'rolled_back', tostring(stored)} end
+  if ARGV[8] ~= '' and stored < tonumber(ARGV[8]) then return {'retry'} end
+end
 local st = redis.call('HGET', rk, 'state')
 local chunk = redis.call('HGET', rk, 'chunk')
-if (st == 'new' or st == 'pending') and (chunk ~= ARGV[7] or #KEYS < 8) then return {'retry'} end
+if (st == 'new' or st == 'pending' or st == 'joined') and (chunk ~= ARGV[7] or #KEYS < 8) then return {'retry'} end
+if joined and st ~= 'joined' then return {'resolved'} end
 if not st and redis.call('EXISTS', KEYS[5]) == 0 then return {'no_state'} end
-redis.call('HSET', okey, ARGV[1], ARGV[2])
+if not joined then redis.call('HSET', okey, ARGV[1], ARGV[2]) end
 if not st then
   redis.call('HINCRBY', cnt, 'labels_unknown', 1)
   return {'unknown'}
@@ -67,5 +74,6 @@ if KEYS[9] then  -- the labelled item, for the difference estimator (requests is
   redis.call('HSET', KEYS[9], ARGV[3], table.concat({k, ARGV[4], score}, ' '))
 end
 redis.call('HINCRBY', cnt, 'labels_accepted', 1)
+if joined then redis.call('HINCRBY', cnt, 'labels_shared', 1) end
 redis.call('HSET', cnt, 'last_label_ms', ARGV[5])
 return {'accepted', chunk, k}

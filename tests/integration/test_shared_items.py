@@ -1,0 +1,153 @@
+"""One label request for every member of a review group that shares items (`requests.shared_items`,
+issue 52) against a real Redis and a Redis Cluster: a model and its shadow score the same 3,000
+items; the shadow joins the model's requests instead of publishing its own, and each joined request
+takes the model's answer (or skip) exactly once.  The request loop is the service's; the Kafka
+producer is a list."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from stratameter.app.ownership import Leases
+from stratameter.config import load_settings
+from stratameter.ingest.ingestor import ScoreIngestor
+from stratameter.labels.folder import LabelFolder
+from stratameter.requests.loop import RequestLoop
+from stratameter.state.process import ProcessState
+from stratameter.state.store import Store
+
+pytestmark = pytest.mark.integration
+
+N_ITEMS = 3000
+
+
+def truth(item_id: str) -> bool:
+    """The reviewers' answer for an item: the same whichever classifier asked."""
+    return int(item_id[1:]) % 3 == 0
+
+
+def settings_for(backend, tmp_path: Path, share: bool = True):
+    groups = {"$review_groups": {"team": {"budget_per_hour": 100_000, "share_items": share}},
+              "model": {"review_group": "team"}, "shadow": {"review_group": "team"}}
+    path = tmp_path / "classifiers.json"
+    path.write_bytes(orjson.dumps(groups))
+    return load_settings({**{f"STRATAMETER_{k}": v for k, v in backend.settings.items()},
+                          "STRATAMETER_INSTANCE_ID": "me", "STRATAMETER_MAX_LABELS_PER_HOUR": "100000",
+                          "STRATAMETER_CLASSIFIERS_CONFIG_FILE": str(path)})
+
+
+class Published(list):
+    """The label-requests topic: (key, value) records in the order published."""
+
+    async def __call__(self, records) -> None:
+        self.extend(records)
+
+    def requests(self, cid: str) -> list[dict]:
+        return [orjson.loads(v) for k, v in self if k == cid]
+
+
+@pytest.fixture
+async def fleet(redis_backend, unique_name, tmp_path):
+    """A model and its shadow (its scores plus noise) over the same items, ingested, leases held."""
+
+    async def make(share: bool = True):
+        settings = settings_for(redis_backend, tmp_path, share)
+        redis = redis_backend.client()
+        clients.append(redis)
+        store = Store(redis, unique_name("shared"))
+        ingest = ScoreIngestor(store, settings, np.random.default_rng(0))
+        rng = np.random.default_rng(1)
+        items = [f"i{j}" for j in range(N_ITEMS)]
+        scores = rng.random(N_ITEMS)
+        event_ms = int(time.time() * 1000) - 2 * 3_600_000  # a closed chunk: its rounds are not paced
+        for offset, (cid, s) in enumerate((("model", scores),
+                                           ("shadow", np.clip(scores + rng.normal(0, 0.05, N_ITEMS), 0, 1)))):
+            await ingest.apply(offset, np.arange(N_ITEMS), [cid] * N_ITEMS, items, s, np.ones(N_ITEMS, bool),
+                               np.full(N_ITEMS, event_ms), [None] * N_ITEMS)
+        leases = Leases(store.registry, settings.instance_id)
+        await leases.renew()
+        assert leases.owned == {"model", "shadow"}
+        topic = Published()
+        return store, RequestLoop(store, ProcessState(), settings, topic), topic
+
+    clients: list = []
+    yield make
+    for redis in clients:
+        await redis.aclose()
+
+
+async def answer(store: Store, requests: list[dict], skip: set[str] = frozenset(), offset: int = 0) -> None:
+    """Reviewers answer every request of `requests` (skipping the items of `skip`), as label records
+    of partition 0 from `offset` on."""
+    labels = [None if r["item_id"] in skip else truth(r["item_id"]) for r in requests]
+    await LabelFolder(store.requests).apply(0, list(range(offset, offset + len(requests))),
+                                            [r["request_id"] for r in requests], labels, ["rev"] * len(requests))
+
+
+async def requests_of(store: Store, sid: str) -> dict[str, dict]:
+    """Every request of state `sid` still pending or just resolved, by item id."""
+    out = {}
+    async for key in store.redis.scan_iter(match=f"{store.keys.classifier(sid)}:req:*", count=1000):
+        h = {k.decode(): v.decode() for k, v in (await store.redis.hgetall(key)).items()}
+        out[orjson.loads(h["item"])["i"]] = h
+    return out
+
+
+async def counters(store: Store, sid: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in (await store.redis.hgetall(store.keys.counters(sid))).items()
+            if k != b"last_label_ms"}
+
+
+async def test_the_shadow_joins_the_models_requests_and_takes_each_answer_once(fleet):
+    """Six rounds: both loops step, the reviewers answer whatever was published (one item the shadow
+    joined is skipped).  The shadow publishes only the items the model did not ask for; each joined
+    request ends with the model's answer, folded once."""
+    store, loop, topic = await fleet()
+    seen, skipped = 0, None
+    for _ in range(6):
+        await loop.step("model")
+        await loop.step("shadow")
+        if skipped is None:
+            skipped = min(item for item, h in (await requests_of(store, "shadow")).items() if h["state"] == "joined")
+        await answer(store, [orjson.loads(v) for _, v in topic[seen:]], skip={skipped}, offset=seen)
+        seen = len(topic)
+    await loop.step("shadow")  # resolves the last round's joined requests (and may join answered ones)
+    await loop.shared_items.resolve("shadow", int(time.time() * 1000))
+    shadow, model = await requests_of(store, "shadow"), await requests_of(store, "model")
+    joined = {item for item, h in shadow.items() if "joins" in h}
+    published = {r["item_id"] for r in topic.requests("shadow")}
+    assert len(shadow) >= 40 and len(joined) >= 0.5 * len(shadow), (len(joined), len(shadow))
+    assert not joined & published and joined | published == set(shadow), "a joined request is never published"
+    assert joined <= {r["item_id"] for r in topic.requests("model")}
+    count = await counters(store, "shadow")
+    assert count["requests_total"] == len(published) and count["requests_joined"] == len(joined)
+    assert await store.requests.issued_this_hour("shadow", int(time.time() * 1000)) == len(published)
+    assert count["labels_shared"] == len(joined) - 1 and count["labels_skipped"] == 1
+    assert await store.requests.joins("shadow") == {}
+    for item in joined - {skipped}:
+        h = shadow[item]
+        assert h["state"] == "answered" and h["label"] == model[item]["label"] == str(int(truth(item)))
+        assert h["labeler"] == "rev" and h["joins"].startswith("model/")
+    assert shadow[skipped]["state"] == "skipped"
+
+    # resolving again, or the model's answers replayed, folds nothing twice
+    await loop.shared_items.resolve("shadow", int(time.time() * 1000))
+    await answer(store, topic.requests("model"), offset=0)
+    assert await counters(store, "shadow") == count
+
+
+async def test_without_share_items_each_classifier_requests_its_own(fleet):
+    store, loop, topic = await fleet(share=False)
+    await loop.step("model")
+    await loop.step("shadow")
+    shadow = await requests_of(store, "shadow")
+    assert shadow and all(h["state"] == "pending" for h in shadow.values())
+    assert len(topic.requests("shadow")) == len(shadow)
+    # independent priorities: the two samples share few items
+    model = {r["item_id"] for r in topic.requests("model")}
+    assert len(model & set(shadow)) < 0.3 * len(shadow)
