@@ -305,6 +305,30 @@ class Workload:
         assert len(set(self.requested_items.values())) == len(self.requested_items)
 
 
+async def two_replicas_through_a_kill(work: Workload, producer: AIOKafkaProducer, settings: dict[str, str], logs: Path,
+                                      unique_name, started, settled, what: str) -> dict:
+    """Two `stratameter run` replicas of `work` with `settings` and its reviewer: once `started(port)`
+    holds on the second, the first is SIGKILLed; returns what `settled(port)` returns on the second
+    (waited for as `what`), once the second has stopped by SIGTERM (its outbox published)."""
+    ports = [find_free_port() for _ in range(2)]
+    procs = [ServiceProcess(work.env(p, f"inst-{i}", **settings), p, str(logs / f"i{i}.log"))
+             for i, p in enumerate(ports)]
+    reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
+    try:
+        for p in procs:
+            p.start()
+        await wait_for(lambda: started(ports[1]), 90, "requests out before the kill")
+        procs[0].kill9()
+        return await wait_for(lambda: settled(ports[1]), 150, what)
+    finally:
+        reviewer.cancel()
+        await asyncio.gather(reviewer, return_exceptions=True)
+        if procs[1].alive:
+            assert procs[1].terminate() == 0  # its outbox published: every request recorded is on the topic
+        if procs[0].alive:
+            procs[0].kill9()
+
+
 async def new_workload(kafka_bootstrap: str, backend: RedisBackend, unique_name, partitions: int) -> Workload:
     """A `Workload` on fresh topics (`service_topics`), consumer group and key prefix."""
     topics = await service_topics(kafka_bootstrap, unique_name, partitions)

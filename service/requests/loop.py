@@ -13,8 +13,9 @@ target; once arrivals have stopped or the chunk has closed, run an online OPT
 round (allocation by the core) by raising thresholds past the next-lowest
 priorities; then request every unrequested reservoir item at or below its
 threshold, as far as the paced hourly budget allows (and a review group's shared
-budget, `requests.group_budget`): record the requests in Redis (outbox) and
-publish them all at once.  Skipped and expired requests
+budget, `requests.group_budget`; an item another member of a group that shares
+items asked for is joined, not requested again, `requests.shared_items`): record
+the requests in Redis (outbox) and publish them all at once.  Skipped and expired requests
 leave the sample (missing at random within the stratum); the next round's
 allocation makes up for them.
 
@@ -38,13 +39,13 @@ from ..chunks.report import ChunkReport, chunk_report
 from ..labels.calibrated import chunk_calibrations
 from ..stats.calibration import stratum_mean_probability
 from ..stats.sketch import ScoreHistogram
+from ..state.group_store import ItemClaim
 from ..state.keys import first_negative_stratum, negatives_of, owner_of
 from ..state.process import ProcessState
 from ..state.records import ChunkState
 from ..state.store import Store
-from .group_budget import GroupGrants
-from ..state.group_store import ItemClaim
 from .due import due_by_side
+from .group_budget import GroupGrants
 from .memory import ClassifierMemory, Prior, Purge
 from .messages import new_request_id, request_message
 from .shared_items import NOT_ISSUED, SharedItems

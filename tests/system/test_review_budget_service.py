@@ -8,7 +8,6 @@ whose scores the replicas read first.)"""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections import Counter
@@ -18,8 +17,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from stratameter.chunks.lifecycle import budget_allowance
-from stratameter.embedded import find_free_port
-from tests.harness import RedisBackend, ServiceProcess, http_json, new_workload, read_topic, summed, wait_for
+from tests.harness import RedisBackend, http_json, new_workload, read_topic, summed, two_replicas_through_a_kill
 
 pytestmark = pytest.mark.integration
 
@@ -41,28 +39,14 @@ async def test_two_replicas_share_one_budget_through_a_failover(kafka_bootstrap,
     budget = hourly_budget(time.time())
     settings = {"DELTA": "0.02", "CONFIDENCE": "0.95", "MAX_LABELS_PER_HOUR": "100000",
                 "REVIEW_BUDGET_PER_HOUR": str(budget)}
-    ports = [find_free_port() for _ in range(2)]
-    procs = [ServiceProcess(work.env(p, f"inst-{i}", **settings), p, str(tmp_path / f"i{i}.log"))
-             for i, p in enumerate(ports)]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
     await producer.start()
     # every classifier's scores are there when the replicas start: each joins the group at once
     await work.produce(producer, CLASSIFIERS, PER_CLASSIFIER)
-    reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
-    survivor = ports[1]
-    try:
-        for p in procs:
-            p.start()
-        await wait_for(lambda: _requested_at_least(survivor, 60), 90, "requests under the shared budget")
-        procs[0].kill9()  # mid-hour, with requests out
-        docs = await wait_for(lambda: _settled(survivor, work), 150, "the budget spent and every answer folded")
-    finally:
-        reviewer.cancel()
-        await asyncio.gather(reviewer, return_exceptions=True)
-        if procs[1].alive:
-            assert procs[1].terminate() == 0  # its outbox published: every request recorded is on the topic
-        if procs[0].alive:
-            procs[0].kill9()
+    docs = await two_replicas_through_a_kill(work, producer, settings, tmp_path, unique_name,
+                                             lambda port: _requested_at_least(port, 60),
+                                             lambda port: _settled(port, work),
+                                             "the budget spent and every answer folded")
     requests = await read_topic(kafka_bootstrap, work.topics["requests"], unique_name("count"), timeout=15)
     await producer.stop()
     work.assert_exact(docs, PER_CLASSIFIER)

@@ -7,15 +7,13 @@ classifier whose sample holds the item; both converge."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from stratameter.embedded import find_free_port
-from tests.harness import RedisBackend, ServiceProcess, converged, new_workload, read_topic, summed, wait_for
+from tests.harness import RedisBackend, converged, new_workload, read_topic, summed, two_replicas_through_a_kill
 
 pytestmark = pytest.mark.integration
 
@@ -48,27 +46,12 @@ async def test_a_model_and_its_shadow_share_every_label_through_a_failover(kafka
                                      **{cid: {"review_group": "ranker"} for cid in PAIR}}))
     settings = {"DELTA": "0.05", "CONFIDENCE": "0.95", "MAX_LABELS_PER_HOUR": "100000",
                 "CLASSIFIERS_CONFIG_FILE": str(config)}
-    ports = [find_free_port() for _ in range(2)]
-    procs = [ServiceProcess(work.env(p, f"inst-{i}", **settings), p, str(tmp_path / f"i{i}.log"))
-             for i, p in enumerate(ports)]
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, enable_idempotence=False, linger_ms=20)
     await producer.start()
     await produce(work, producer)
-    reviewer = asyncio.create_task(work.review(producer, unique_name("rev")))
-    survivor = ports[1]
-    try:
-        for p in procs:
-            p.start()
-        await wait_for(lambda: _requested(survivor, 30), 90, "the first requests")
-        procs[0].kill9()
-        docs = await wait_for(lambda: _settled(survivor, work), 150, "both converged, every answer folded")
-    finally:
-        reviewer.cancel()
-        await asyncio.gather(reviewer, return_exceptions=True)
-        if procs[1].alive:
-            assert procs[1].terminate() == 0
-        if procs[0].alive:
-            procs[0].kill9()
+    docs = await two_replicas_through_a_kill(work, producer, settings, tmp_path, unique_name,
+                                             lambda port: _requested(port, 30), _settled,
+                                             "both converged, every answer folded")
     requests = await read_topic(kafka_bootstrap, work.topics["requests"], unique_name("count"), timeout=15)
     await producer.stop()
     by_id = {r["request_id"]: r for r in requests}  # the outbox may publish a request twice after a kill
@@ -121,7 +104,7 @@ async def _requested(port: int, n: int) -> bool:
     return await summed(port, PAIR, lambda doc: doc["label_requests"] + doc["label_requests_joined"]) >= n
 
 
-async def _settled(port: int, work) -> dict | None:
+async def _settled(port: int) -> dict | None:
     """Both documents once both have converged with nothing pending; None before."""
     docs = await converged(port, PAIR)
     if docs is None or any(doc["pending"] for doc in docs.values()):
