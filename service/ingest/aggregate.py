@@ -268,7 +268,8 @@ def build_payload(recs: ClassifierRecords, chunk_seconds: int, cuts_for, reservo
     drawn from the item ids (`priorities.item_priorities`) instead of `rng`.
     """
     priority = _once(recs, "priority", lambda: rng.random(recs.size) if sharing_group is None else
-                     item_priorities(list(map(recs.items.__getitem__, recs.rows.tolist())), sharing_group))
+                     item_priorities(list(map(recs.items.__getitem__, recs.rows.tolist())),
+                                     _chunks(recs, chunk_seconds)[0], sharing_group))
     out_chunks = []
     for t, sel in positives_by_chunk(recs, chunk_seconds):
         s = recs.score[sel]
