@@ -18,6 +18,7 @@ from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.labels.folder import LabelFolder
 from stratameter.requests.loop import RequestLoop
+from stratameter.state.keys import negatives_of
 from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
 
@@ -31,14 +32,14 @@ def truth(item_id: str) -> bool:
     return int(item_id[1:]) % 3 == 0
 
 
-def settings_for(backend, tmp_path: Path, share: bool = True):
+def settings_for(backend, tmp_path: Path, share: bool = True, metrics: str = "precision"):
     groups = {"$review_groups": {"team": {"budget_per_hour": 100_000, "share_items": share}},
               "model": {"review_group": "team"}, "shadow": {"review_group": "team"}}
     path = tmp_path / "classifiers.json"
     path.write_bytes(orjson.dumps(groups))
     return load_settings({**{f"STRATAMETER_{k}": v for k, v in backend.settings.items()},
                           "STRATAMETER_INSTANCE_ID": "me", "STRATAMETER_MAX_LABELS_PER_HOUR": "100000",
-                          "STRATAMETER_CLASSIFIERS_CONFIG_FILE": str(path)})
+                          "STRATAMETER_CLASSIFIERS_CONFIG_FILE": str(path), "STRATAMETER_METRICS": metrics})
 
 
 class Published(list):
@@ -55,8 +56,9 @@ class Published(list):
 async def fleet(redis_backend, unique_name, tmp_path):
     """A model and its shadow (its scores plus noise) over the same items, ingested, leases held."""
 
-    async def make(share: bool = True):
-        settings = settings_for(redis_backend, tmp_path, share)
+    async def make(share: bool = True, metrics: str = "precision"):
+        settings = settings_for(redis_backend, tmp_path, share, metrics)
+        negatives = metrics != "precision"  # recall: each side sampled, the threshold 0.5
         redis = redis_backend.client()
         clients.append(redis)
         store = Store(redis, unique_name("shared"))
@@ -67,7 +69,8 @@ async def fleet(redis_backend, unique_name, tmp_path):
         event_ms = int(time.time() * 1000) - 2 * 3_600_000  # a closed chunk: its rounds are not paced
         for offset, (cid, s) in enumerate((("model", scores),
                                            ("shadow", np.clip(scores + rng.normal(0, 0.05, N_ITEMS), 0, 1)))):
-            await ingest.apply(offset, np.arange(N_ITEMS), [cid] * N_ITEMS, items, s, np.ones(N_ITEMS, bool),
+            positive = s >= 0.5 if negatives else np.ones(N_ITEMS, bool)
+            await ingest.apply(offset, np.arange(N_ITEMS), [cid] * N_ITEMS, items, s, positive,
                                np.full(N_ITEMS, event_ms), [None] * N_ITEMS)
         leases = Leases(store.registry, settings.instance_id)
         await leases.renew()
@@ -139,6 +142,27 @@ async def test_the_shadow_joins_the_models_requests_and_takes_each_answer_once(f
     await loop.shared_items.resolve("shadow", int(time.time() * 1000))
     await answer(store, topic.requests("model"), offset=0)
     assert await counters(store, "shadow") == count
+
+
+async def test_the_predicted_negatives_join_too(fleet):
+    """With recall each classifier samples both sides of its threshold; the shadow's two states join
+    the model's requests of either side, and take their answers."""
+    store, loop, topic = await fleet(metrics="precision,recall")
+    seen = 0
+    for _ in range(4):
+        await loop.step("model")
+        await loop.step("shadow")
+        await answer(store, [orjson.loads(v) for _, v in topic[seen:]], offset=seen)
+        seen = len(topic)
+    await loop.shared_items.resolve("shadow", int(time.time() * 1000))
+    await loop.shared_items.resolve(negatives_of("shadow"), int(time.time() * 1000))
+    for sid in ("shadow", negatives_of("shadow")):
+        joined = [h for h in (await requests_of(store, sid)).values() if "joins" in h]
+        assert len(joined) >= 20, sid
+        for h in joined:
+            assert h["state"] == "answered" and h["label"] == str(int(truth(orjson.loads(h["item"])["i"])))
+    count = await counters(store, negatives_of("shadow"))
+    assert count["labels_shared"] == count["requests_joined"] > 0
 
 
 async def test_without_share_items_each_classifier_requests_its_own(fleet):
