@@ -48,7 +48,7 @@ from .due import due_by_side
 from .group_budget import GroupGrants
 from .memory import ClassifierMemory, Prior, Purge
 from .messages import new_request_id, request_message
-from .shared_items import NOT_ISSUED, SharedItems
+from .shared_items import NOT_ISSUED, RESOLVE_EVERY_MS, SharedItems
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +106,18 @@ class RequestLoop:
         cfg = self.settings.for_classifier(cid)
         now = int(time.time() * 1000)
         states = self._states(cid)
+        memory = self._remember(cid)
+        resolving = now - memory.resolved_ms >= RESOLVE_EVERY_MS
         by_state: dict[str, list[int]] = {}
         for sid, _ in states:
-            await self.shared_items.resolve(sid, now)
+            if resolving:
+                await self.shared_items.resolve(sid, now)
             await self.requests.expire(sid, now)
             by_state[sid] = await self._chunk_ids(sid, cfg, now)
+        memory.resolved_ms = now if resolving else memory.resolved_ms
         if await self._forget_if_silent(cid, by_state, cfg, now):
             return 0
         stepped = self._chunks_to_step(cid, set().union(*by_state.values()), cfg, now)
-        memory = self._remember(cid)
         memory.keep_chunks(stepped)
         if not stepped:
             return 0

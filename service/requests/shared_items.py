@@ -26,6 +26,11 @@ from ..state.store import Store
 
 #: CLAIM's entry for a join-only claim that found no request to join: nothing is issued for it
 NOT_ISSUED = "-"
+#: A classifier's joined requests are resolved at most this often (the request loop's steps run
+#: every quarter second or more often): each resolve reads every join's first request, about 20 us
+#: a join, so thousands of joins awaiting slow reviewers would otherwise cost the loop a pass's
+#: time (docs/concepts/shared-budget.md, "Shared items").
+RESOLVE_EVERY_MS = 2_000
 
 
 def state_of(request_id: str) -> str:
@@ -60,21 +65,24 @@ class SharedItems:
 
     async def resolve(self, sid: str, now_ms: int) -> int:
         """Fold into state `sid`'s joined requests the answers (or skips) their first requests got;
-        returns the answers folded.  Nothing outside a group that shares items."""
+        returns the answers folded.  Nothing outside a group that shares items.
+
+        A join whose first request has expired or is gone is dropped without a fold: no answer will
+        come, and the joined request expires at its own deadline (EXPIRE) and is replaced.  One that
+        is no longer ``joined`` (expired, or folded before a crash) is dropped by LABEL's
+        ``resolved``.  The cost is a read of each join's first request (`RESOLVE_EVERY_MS`)."""
         if self.settings.sharing_group_of(sid) is None:
             return 0
         joins = await self.requests.joins(sid)
         if not joins:
             return 0
         rids = list(joins)
-        own = await self.requests.request_fields([(sid, rid) for rid in rids], "state")
-        waiting = [rid for rid, (state,) in zip(rids, own) if state == "joined"]
-        done = [rid for rid, (state,) in zip(rids, own) if state != "joined"]  # expired, or resolved before
-        firsts = await self.requests.request_fields([(state_of(joins[rid]), joins[rid]) for rid in waiting],
+        firsts = await self.requests.request_fields([(state_of(joins[rid]), joins[rid]) for rid in rids],
                                                     "state", "label", "labeler")
         calls = [LabelCall(sid, "", 0, rid, label if state == "answered" else "null", now_ms, labeler or "")
-                 for rid, (state, label, labeler) in zip(waiting, firsts) if state in ("answered", "skipped")]
+                 for rid, (state, label, labeler) in zip(rids, firsts) if state in ("answered", "skipped")]
         if calls:
             await self.requests.apply_labels(calls)
-        await self.requests.drop_joins(sid, done + [c.request_id for c in calls])
+        done = [rid for rid, (state, _, _) in zip(rids, firsts) if state not in ("new", "pending")]
+        await self.requests.drop_joins(sid, done)
         return len(calls)

@@ -25,6 +25,7 @@ from stratameter.state.store import Store
 pytestmark = pytest.mark.integration
 
 N_ITEMS = 3000
+PAIR = ("model", "shadow")
 
 
 def truth(item_id: str) -> bool:
@@ -92,6 +93,12 @@ async def answer(store: Store, requests: list[dict], skip: set[str] = frozenset(
                                             [r["request_id"] for r in requests], labels, ["rev"] * len(requests))
 
 
+async def resolved(loop: RequestLoop, *sids: str) -> None:
+    """What the loop's next step does once `RESOLVE_EVERY_MS` has passed: resolve the joined requests."""
+    for sid in sids:
+        await loop.shared_items.resolve(sid, int(time.time() * 1000))
+
+
 async def requests_of(store: Store, sid: str) -> dict[str, dict]:
     """Every request of state `sid` still pending or just resolved, by item id."""
     out = {}
@@ -106,10 +113,11 @@ async def counters(store: Store, sid: str) -> dict[str, int]:
             if k != b"last_label_ms"}
 
 
-async def test_the_shadow_joins_the_models_requests_and_takes_each_answer_once(fleet):
+async def test_each_item_is_requested_once_for_the_pair_and_each_answer_folded_once_into_each(fleet):
     """Six rounds: both loops step, the reviewers answer whatever was published (one item the shadow
-    joined is skipped).  The shadow publishes only the items the model did not ask for; each joined
-    request ends with the model's answer, folded once."""
+    joined is skipped), the joined requests are resolved.  Whichever member asks first for an item
+    publishes its request, the other joins it: the pair publishes each item once, and each joined
+    request ends with the other's answer, folded once."""
     store, loop, topic = await fleet()
     seen, skipped = 0, None
     for _ in range(6):
@@ -119,29 +127,31 @@ async def test_the_shadow_joins_the_models_requests_and_takes_each_answer_once(f
             skipped = min(item for item, h in (await requests_of(store, "shadow")).items() if h["state"] == "joined")
         await answer(store, [orjson.loads(v) for _, v in topic[seen:]], skip={skipped}, offset=seen)
         seen = len(topic)
-    await loop.step("shadow")  # resolves the last round's joined requests (and may join answered ones)
-    await loop.shared_items.resolve("shadow", int(time.time() * 1000))
-    shadow, model = await requests_of(store, "shadow"), await requests_of(store, "model")
-    joined = {item for item, h in shadow.items() if "joins" in h}
-    published = {r["item_id"] for r in topic.requests("shadow")}
-    assert len(shadow) >= 40 and len(joined) >= 0.5 * len(shadow), (len(joined), len(shadow))
-    assert not joined & published and joined | published == set(shadow), "a joined request is never published"
-    assert joined <= {r["item_id"] for r in topic.requests("model")}
-    count = await counters(store, "shadow")
-    assert count["requests_total"] == len(published) and count["requests_joined"] == len(joined)
-    assert await store.requests.issued_this_hour("shadow", int(time.time() * 1000)) == len(published)
-    assert count["labels_shared"] == len(joined) - 1 and count["labels_skipped"] == 1
-    assert await store.requests.joins("shadow") == {}
-    for item in joined - {skipped}:
-        h = shadow[item]
-        assert h["state"] == "answered" and h["label"] == model[item]["label"] == str(int(truth(item)))
-        assert h["labeler"] == "rev" and h["joins"].startswith("model/")
-    assert shadow[skipped]["state"] == "skipped"
+        await resolved(loop, *PAIR)
+    stored = {cid: await requests_of(store, cid) for cid in PAIR}
+    published = {cid: {r["item_id"] for r in topic.requests(cid)} for cid in PAIR}
+    joined = {cid: {item for item, h in stored[cid].items() if "joins" in h} for cid in PAIR}
+    assert len(stored["shadow"]) >= 40 and len(joined["model"] | joined["shadow"]) >= 0.5 * len(stored["shadow"])
+    assert not published["model"] & published["shadow"], "an item published twice for the pair"
+    for cid, other in zip(PAIR, reversed(PAIR)):
+        assert not joined[cid] & published[cid] and joined[cid] | published[cid] == set(stored[cid])
+        assert joined[cid] <= published[other], "a joined request is never published"
+        count = await counters(store, cid)
+        assert count["requests_total"] == len(published[cid]) and count.get("requests_joined", 0) == len(joined[cid])
+        assert await store.requests.issued_this_hour(cid, int(time.time() * 1000)) == len(published[cid])
+        assert count.get("labels_shared", 0) == len(joined[cid] - {skipped})
+        assert await store.requests.joins(cid) == {}
+        for item in joined[cid] - {skipped}:
+            mine, first = stored[cid][item], stored[other][item]
+            assert mine["state"] == "answered" and mine["label"] == first["label"] == str(int(truth(item)))
+            assert mine["labeler"] == "rev" and mine["joins"].startswith(f"{other}/")
+    assert stored["shadow"][skipped]["state"] == "skipped" and (await counters(store, "shadow"))["labels_skipped"] == 1
 
-    # resolving again, or the model's answers replayed, folds nothing twice
-    await loop.shared_items.resolve("shadow", int(time.time() * 1000))
-    await answer(store, topic.requests("model"), offset=0)
-    assert await counters(store, "shadow") == count
+    # resolving again, or the answers replayed, folds nothing twice
+    before = {cid: await counters(store, cid) for cid in PAIR}
+    await resolved(loop, *PAIR)
+    await answer(store, [orjson.loads(v) for _, v in topic], offset=0)
+    assert {cid: await counters(store, cid) for cid in PAIR} == before
 
 
 async def test_the_predicted_negatives_join_too(fleet):
@@ -154,8 +164,7 @@ async def test_the_predicted_negatives_join_too(fleet):
         await loop.step("shadow")
         await answer(store, [orjson.loads(v) for _, v in topic[seen:]], offset=seen)
         seen = len(topic)
-    await loop.shared_items.resolve("shadow", int(time.time() * 1000))
-    await loop.shared_items.resolve(negatives_of("shadow"), int(time.time() * 1000))
+        await resolved(loop, *PAIR, negatives_of("model"), negatives_of("shadow"))
     for sid in ("shadow", negatives_of("shadow")):
         joined = [h for h in (await requests_of(store, sid)).values() if "joins" in h]
         assert len(joined) >= 20, sid
