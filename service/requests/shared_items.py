@@ -27,9 +27,9 @@ from ..state.store import Store
 #: CLAIM's entry for a join-only claim that found no request to join: nothing is issued for it
 NOT_ISSUED = "-"
 #: A classifier's joined requests are resolved at most this often (the request loop's steps run
-#: every quarter second or more often): each resolve reads every join's first request, about 20 us
-#: a join, so thousands of joins awaiting slow reviewers would otherwise cost the loop a pass's
-#: time (docs/concepts/shared-budget.md, "Shared items").
+#: every quarter second or more often): each resolve reads every join's first request, so thousands
+#: of joins awaiting slow reviewers would otherwise cost the loop much of each pass
+#: (docs/concepts/shared-budget.md, "Shared items": what resolving costs).
 RESOLVE_EVERY_MS = 2_000
 
 
