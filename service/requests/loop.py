@@ -48,7 +48,7 @@ from .due import due_by_side
 from .group_budget import GroupGrants
 from .memory import ClassifierMemory, Prior, Purge
 from .messages import new_request_id, request_message
-from .shared_items import NOT_ISSUED, RESOLVE_EVERY_MS, SharedItems
+from .shared_items import FEW_JOINS, NOT_ISSUED, RESOLVE_EVERY_MS, SharedItems
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +107,16 @@ class RequestLoop:
         now = int(time.time() * 1000)
         states = self._states(cid)
         memory = self._remember(cid)
-        resolving = now - memory.resolved_ms >= RESOLVE_EVERY_MS
+        resolving = memory.joins_waiting <= FEW_JOINS or now - memory.resolved_ms >= RESOLVE_EVERY_MS
         by_state: dict[str, list[int]] = {}
+        waiting = 0
         for sid, _ in states:
             if resolving:
-                await self.shared_items.resolve(sid, now)
+                waiting += await self.shared_items.resolve(sid, now)
             await self.requests.expire(sid, now)
             by_state[sid] = await self._chunk_ids(sid, cfg, now)
-        memory.resolved_ms = now if resolving else memory.resolved_ms
+        if resolving:
+            memory.resolved_ms, memory.joins_waiting = now, waiting
         if await self._forget_if_silent(cid, by_state, cfg, now):
             return 0
         stepped = self._chunks_to_step(cid, set().union(*by_state.values()), cfg, now)

@@ -52,8 +52,10 @@ class ClassifierMemory:
     priors: dict[str, dict[int, Prior]] = field(default_factory=dict)
     #: per state: pending request id -> its chunk (each request's chunk read once)
     request_chunks: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: when its joined requests were last resolved (`shared_items.RESOLVE_EVERY_MS`), epoch ms
+    #: when its joined requests were last resolved (epoch ms), and how many that left waiting
+    #: (`shared_items.RESOLVE_EVERY_MS`)
     resolved_ms: int = 0
+    joins_waiting: int = 0
 
     def keep_chunks(self, stepped) -> None:
         """Forget what is kept per chunk but for the chunks in `stepped`: a long-running replica

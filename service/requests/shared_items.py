@@ -26,11 +26,13 @@ from ..state.store import Store
 
 #: CLAIM's entry for a join-only claim that found no request to join: nothing is issued for it
 NOT_ISSUED = "-"
-#: A classifier's joined requests are resolved at most this often (the request loop's steps run
-#: every quarter second or more often): each resolve reads every join's first request, so thousands
-#: of joins awaiting slow reviewers would otherwise cost the loop much of each pass
-#: (docs/concepts/shared-budget.md, "Shared items": what resolving costs).
+#: A classifier whose last resolve left more than `FEW_JOINS` joined requests waiting is resolved at
+#: most every `RESOLVE_EVERY_MS` (the request loop steps every quarter second or more often): each
+#: resolve reads every join's first request, so thousands of joins awaiting slow reviewers would
+#: otherwise cost the loop much of each pass; with few, every step resolves (docs/concepts/
+#: shared-budget.md, "Shared items": what resolving costs).
 RESOLVE_EVERY_MS = 2_000
+FEW_JOINS = 100
 
 
 def state_of(request_id: str) -> str:
@@ -65,7 +67,7 @@ class SharedItems:
 
     async def resolve(self, sid: str, now_ms: int) -> int:
         """Fold into state `sid`'s joined requests the answers (or skips) their first requests got;
-        returns the answers folded.  Nothing outside a group that shares items.
+        returns the joins still waiting.  Nothing outside a group that shares items.
 
         A join whose first request has expired or is gone is dropped without a fold: no answer will
         come, and the joined request expires at its own deadline (EXPIRE) and is replaced.  One that
@@ -85,4 +87,4 @@ class SharedItems:
             await self.requests.apply_labels(calls)
         done = [rid for rid, (state, _, _) in zip(rids, firsts) if state not in ("new", "pending")]
         await self.requests.drop_joins(sid, done)
-        return len(calls)
+        return len(rids) - len(done)

@@ -18,6 +18,7 @@ from stratameter.config import load_settings
 from stratameter.ingest.ingestor import ScoreIngestor
 from stratameter.labels.folder import LabelFolder
 from stratameter.requests.loop import RequestLoop
+from stratameter.requests.shared_items import FEW_JOINS, RESOLVE_EVERY_MS
 from stratameter.state.keys import negatives_of
 from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
@@ -184,3 +185,30 @@ async def test_without_share_items_each_classifier_requests_its_own(fleet):
     # independent priorities: the two samples share few items
     model = {r["item_id"] for r in topic.requests("model")}
     assert len(model & set(shadow)) < 0.3 * len(shadow)
+
+
+async def test_many_joins_are_resolved_every_two_seconds_and_a_join_whose_first_is_gone_is_dropped(fleet):
+    """150 joins of one answered request and one of a request that does not exist: while more than
+    `FEW_JOINS` waited at the last resolve, a step resolves nothing until `RESOLVE_EVERY_MS` has
+    passed; then the 150 take the answer, and the join of nothing is dropped (its request waits for
+    its deadline)."""
+    store, loop, topic = await fleet()
+    await loop.step("model")
+    first = topic.requests("model")[0]
+    chunk = (await store.chunks.chunk_ids("shadow"))[-1]
+    now = int(time.time() * 1000)
+    rows = [[f"shadow/j{i}", 0, f"x{i}", "0.7", orjson.dumps({"i": f"x{i}", "s": 0.7}).decode(), first["request_id"]]
+            for i in range(150)]
+    rows.append(["shadow/orphan", 0, "x-orphan", "0.7", orjson.dumps({"i": "x-orphan", "s": 0.7}).decode(),
+                 "model/never-issued"])
+    assert len(await store.requests.issue("shadow", chunk, now, now + 600_000, 1, "me", rows, {}, 60_000)) == 151
+    await answer(store, [first])
+    memory = loop._remember("shadow")
+    memory.resolved_ms, memory.joins_waiting = now, FEW_JOINS + 51
+    await loop.step("shadow")
+    assert len(await store.requests.joins("shadow")) == 151  # not resolved yet
+    memory.resolved_ms -= RESOLVE_EVERY_MS
+    await loop.step("shadow")
+    assert await store.requests.joins("shadow") == {} and memory.joins_waiting == 0
+    assert (await counters(store, "shadow"))["labels_shared"] == 150
+    assert (await requests_of(store, "shadow"))["x-orphan"]["state"] == "joined"
