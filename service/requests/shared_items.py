@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import orjson
 
+from ..labels.folder import split_request_id
 from ..state.calls import LabelCall
 from ..state.group_store import ItemClaim
 from ..state.store import Store
@@ -35,11 +36,6 @@ RESOLVE_EVERY_MS = 2_000
 FEW_JOINS = 100
 
 
-def state_of(request_id: str) -> str:
-    """The state a request id belongs to (its part before ``/``, `messages.new_request_id`)."""
-    return request_id.partition("/")[0]
-
-
 class SharedItems:
     """The items a request loop shares with the other members of its classifiers' review groups."""
 
@@ -47,14 +43,14 @@ class SharedItems:
         self.groups, self.requests, self.settings = store.groups, store.requests, settings
 
     async def free(self, cid: str, due: list[tuple]) -> list[bool]:
-        """Per due item (``(urgency, state id, stratum, member JSON)``, `RequestLoop._due`) of `cid`,
+        """Per due item (``(urgency, state id, stratum, member JSON)``, `requests.due`) of `cid`,
         whether another member of its group already asked for it: joining that request costs no
         label.  All False outside a group that shares items."""
         group = self.settings.sharing_group_of(cid)
         if group is None or not due:
             return [False] * len(due)
         firsts = await self.groups.first_requests(group, [orjson.loads(d[3])["i"] for d in due])
-        return [first is not None and state_of(first) != d[1] for d, first in zip(due, firsts)]
+        return [first is not None and split_request_id(first) != d[1] for d, first in zip(due, firsts)]
 
     async def claim(self, sid: str, deadline_ms: int, wanted: list[ItemClaim]) -> dict[str, str]:
         """CLAIM `wanted` (state `sid`'s requests due by `deadline_ms`): request id -> ``""`` (publish
@@ -70,16 +66,17 @@ class SharedItems:
         returns the joins still waiting.  Nothing outside a group that shares items.
 
         A join whose first request has expired or is gone is dropped without a fold: no answer will
-        come, and the joined request expires at its own deadline (EXPIRE) and is replaced.  One that
-        is no longer ``joined`` (expired, or folded before a crash) is dropped by LABEL's
-        ``resolved``.  The cost is a read of each join's first request (`RESOLVE_EVERY_MS`)."""
+        come, and the joined request expires at its own deadline (EXPIRE) and is replaced.  A joined
+        request no longer ``joined`` when its first is answered (it expired, or took the answer
+        before a crash) is left as it is (LABEL's ``resolved``), and its join dropped.  The cost is
+        a read of each join's first request (`RESOLVE_EVERY_MS`)."""
         if self.settings.sharing_group_of(sid) is None:
             return 0
         joins = await self.requests.joins(sid)
         if not joins:
             return 0
         rids = list(joins)
-        firsts = await self.requests.request_fields([(state_of(joins[rid]), joins[rid]) for rid in rids],
+        firsts = await self.requests.request_fields([(split_request_id(joins[rid]), joins[rid]) for rid in rids],
                                                     "state", "label", "labeler")
         calls = [LabelCall(sid, "", 0, rid, label if state == "answered" else "null", now_ms, labeler or "")
                  for rid, (state, label, labeler) in zip(rids, firsts) if state in ("answered", "skipped")]
