@@ -45,15 +45,12 @@ from tests.embedded_tls import (
     server_ssl_context,
 )
 from tests.harness import ServiceProcess, http_get, http_json, running_service, serving, wait_for
+from tests.settings_env import P
+from tests.settings_env import env as _env  # `env` is a local name of its tests
 
-P = "STRATAMETER_"
 KAFKA_USER, KAFKA_SECRET = "svc-kafka", "kafka-Secret-7f3a9c!pw"
 REDIS_USER, REDIS_SECRET = "svc-redis", "redis-Secret-c41d2e#pw"
 SECRETS = (KAFKA_SECRET, REDIS_SECRET)
-
-
-def _env(**values: str) -> dict[str, str]:
-    return {P + k.upper(): v for k, v in values.items()}
 
 
 def _load(**values: str):

@@ -22,18 +22,7 @@ from stratameter.config import (
 from stratameter.stats.allocation import ALLOCATIONS, SERVICE_ALLOCATIONS
 from stratameter.stats.calibration import SCORE_KINDS
 from stratameter.stats.strata import STRATIFICATIONS
-
-P = "STRATAMETER_"
-
-
-def env(**values: str) -> dict[str, str]:
-    return {P + k.upper(): v for k, v in values.items()}
-
-
-def error_of(environ: dict[str, str]) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
-        load_settings(environ)
-    return info.value
+from tests.settings_env import P, env, error_of
 
 
 # --------------------------------------------------------------------------- defaults and overrides

@@ -7,11 +7,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from stratameter.config import ClassifierConfig, ConfigError, load_settings
+from stratameter.config import ClassifierConfig, load_settings
 from stratameter.config.overrides import GROUPS_KEY
 from stratameter.state.keys import negatives_of
+from tests.settings_env import P, env, error_of
 
-P = "STRATAMETER_"
 FILE = P + "CLASSIFIERS_CONFIG_FILE"
 
 #: the example of docs/reference/configuration.md ("Review groups")
@@ -20,20 +20,10 @@ EXAMPLE = {"$review_groups": {"trust-safety": {"budget_per_hour": 2000}, "ads": 
            "fraud": {"review_group": "trust-safety"}}
 
 
-def env(**values: str) -> dict[str, str]:
-    return {P + k.upper(): v for k, v in values.items()}
-
-
 def with_file(tmp_path, doc, **values: str) -> dict[str, str]:
     path = tmp_path / "classifiers.json"
     path.write_bytes(orjson.dumps(doc))
     return {FILE: str(path), **env(**values)}
-
-
-def error_of(environ: dict[str, str]) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
-        load_settings(environ)
-    return info.value
 
 
 # --------------------------------------------------------------------------- the three settings
