@@ -296,12 +296,13 @@ class RequestLoop:
         sides, lead = snapshot.sides, snapshot.lead
         due, taus, left = await due_by_side(self.chunks, self.requests, sides, plan.tau, plan.want)
         free = await self.shared_items.free(cid, due)
+        joinable = [d for d, f in zip(due, free) if f]
         paid = [d for d, f in zip(due, free) if not f]
         budget = max(0, await self._budget_left([sd.state_id for sd in sides], cfg, now, issued_before))
         budget = await self.group_grants.labels_for(cid, snapshot, plan, cfg, now, len(paid), budget)
         status = plan.status(snapshot, cfg, len(paid), left, budget)
-        joining = {d[3] for d, f in zip(due, free) if f}
-        chosen = [d for d in due if d[3] in joining] + paid[:budget]
+        joining = {d[3] for d in joinable}
+        chosen = joinable + paid[:budget]
         issued = 0
         for sd, tau_side in zip(sides, taus):
             mine = [(new_request_id(sd.state_id), k, orjson.loads(raw), raw) for _, side_id, k, raw in chosen

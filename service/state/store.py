@@ -7,7 +7,8 @@
   counts, the partitions' applied and acknowledged marks;
 * `registry` (`registry.Registry`): the service-wide classifiers, leases, heartbeats, the noted
   settings;
-* `groups` (`group_store.GroupStore`): review groups' shared label budgets and forecasts.
+* `groups` (`group_store.GroupStore`): review groups' shared label budgets and forecasts, and the
+  first request of each item in a group that shares items (CLAIM).
 
 `Store` is the one object the app wires; each component is handed the port it uses (the ingestor,
 the request loop and the state watch, which use several, the `Store`, and keep their ports).  The

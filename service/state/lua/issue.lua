@@ -19,10 +19,11 @@ local issued, published, joined = {}, 0, 0
 for i, r in ipairs(reqs) do
   if redis.call('SADD', sampled, r[3]) == 1 then
     local rk = KEYS[8 + i]
+    local joining = r[6] and r[6] ~= ''
     redis.call('HSET', rk, 'chunk', ARGV[1], 'stratum', r[2], 'item', r[5], 'score', r[4], 'deadline_ms', ARGV[3],
-               'requested_ms', ARGV[2], 'round', ARGV[5], 'state', 'new')
-    if r[6] and r[6] ~= '' then
-      redis.call('HSET', rk, 'state', 'joined', 'joins', r[6])
+               'requested_ms', ARGV[2], 'round', ARGV[5], 'state', joining and 'joined' or 'new')
+    if joining then
+      redis.call('HSET', rk, 'joins', r[6])
       redis.call('HSET', joins, r[1], r[6])
       joined = joined + 1
     else
