@@ -329,6 +329,16 @@ async def two_replicas_through_a_kill(work: Workload, producer: AIOKafkaProducer
             procs[0].kill9()
 
 
+async def stored_requests(redis, keys, sid: str) -> dict[str, dict[str, str]]:
+    """Every request record of state `sid` in Redis (`Keys.request`), by request id, read straight
+    from Redis (SCAN: a test's check, not a service call)."""
+    stem = keys.request(sid, "")
+    out = {}
+    async for key in redis.scan_iter(match=stem + "*", count=1000):
+        out[key.decode()[len(stem):]] = {k.decode(): v.decode() for k, v in (await redis.hgetall(key)).items()}
+    return out
+
+
 async def new_workload(kafka_bootstrap: str, backend: RedisBackend, unique_name, partitions: int) -> Workload:
     """A `Workload` on fresh topics (`service_topics`), consumer group and key prefix."""
     topics = await service_topics(kafka_bootstrap, unique_name, partitions)

@@ -22,6 +22,7 @@ from stratameter.requests.shared_items import FEW_JOINS, RESOLVE_EVERY_MS
 from stratameter.state.keys import negatives_of
 from stratameter.state.process import ProcessState
 from stratameter.state.store import Store
+from tests.harness import stored_requests
 
 pytestmark = pytest.mark.integration
 
@@ -102,11 +103,7 @@ async def resolved(loop: RequestLoop, *sids: str) -> None:
 
 async def requests_of(store: Store, sid: str) -> dict[str, dict]:
     """Every request of state `sid` still pending or just resolved, by item id."""
-    out = {}
-    async for key in store.redis.scan_iter(match=f"{store.keys.classifier(sid)}:req:*", count=1000):
-        h = {k.decode(): v.decode() for k, v in (await store.redis.hgetall(key)).items()}
-        out[orjson.loads(h["item"])["i"]] = h
-    return out
+    return {orjson.loads(h["item"])["i"]: h for h in (await stored_requests(store.redis, store.keys, sid)).values()}
 
 
 async def counters(store: Store, sid: str) -> dict[str, int]:

@@ -13,7 +13,8 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from tests.harness import RedisBackend, converged, new_workload, read_topic, summed, two_replicas_through_a_kill
+from tests.harness import (RedisBackend, converged, new_workload, read_topic, stored_requests, summed,
+                           two_replicas_through_a_kill)
 
 pytestmark = pytest.mark.integration
 
@@ -86,17 +87,10 @@ async def _requests_stored(work) -> dict[str, dict[str, dict]]:
     from stratameter.state.keys import Keys
 
     keys, redis = Keys(work.prefix), RedisBackend(work.redis_url, False).client()
-    out: dict[str, dict[str, dict]] = {}
     try:
-        for cid in PAIR:
-            stem = f"{keys.classifier(cid)}:req:"
-            out[cid] = {}
-            async for key in redis.scan_iter(match=stem + "*", count=1000):
-                h = await redis.hgetall(key)
-                out[cid][key.decode()[len(stem):]] = {k.decode(): v.decode() for k, v in h.items()}
+        return {cid: await stored_requests(redis, keys, cid) for cid in PAIR}
     finally:
         await redis.aclose()
-    return out
 
 
 async def _requested(port: int, n: int) -> bool:
