@@ -16,13 +16,14 @@ from aiokafka import AIOKafkaProducer
 
 from stratameter.config import load_settings
 from stratameter.embedded import create_topics, find_free_port
+from stratameter.stats import streams
 from tests.harness import Reviewer, service_topics, serving, wait_for
 
 
 async def _run(kafka_bootstrap, redis_url, topics, prefix, group, reviewer_group, first, n, outcomes_before):
     """Serve on `topics`, send `n` scores and answer every label request until each answer has an
-    outcome (or 40 s pass); returns the classifier's scores, its label outcomes (every one: an
-    answer is accepted, a duplicate or expired) and the answers sent."""
+    outcome (or 30 s pass beyond the silence that ends the arrivals); returns the classifier's scores,
+    its label outcomes (every one: an answer is accepted, a duplicate or expired) and the answers sent."""
     from stratameter.app.runner import Service
 
     port = find_free_port()
@@ -50,8 +51,9 @@ async def _run(kafka_bootstrap, redis_url, topics, prefix, group, reviewer_group
                 return scores >= first + n and len(reviewer.requests) >= 10 and \
                     outcomes == outcomes_before + len(reviewer.requests)
 
-            try:
-                await wait_for(settled, 40, "the scores counted and every answer given an outcome")
+            try:  # the round after the warm-up waits for the arrivals' silence (`streams.min_silence`)
+                await wait_for(settled, 30 + streams.min_silence(3600),
+                               "the scores counted and every answer given an outcome")
             except AssertionError:
                 pass
             return *await figures(), len(reviewer.requests)
